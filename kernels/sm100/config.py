@@ -1,0 +1,27 @@
+"""Build-time configuration of the sm_100a kernel (the original tcgen05 kernel)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Tile of one CTA: M x N output, K per pipeline stage (fixed by the tcgen05 block-scaled MMA setup).
+TILE_M, TILE_N, K_TILE = 128, 128, 256
+# C rows are written with 16-byte vectors when a tile is full: keep them aligned.
+N_MULTIPLE = 8
+ACC_STAGES = (1, 2)
+
+
+@dataclass(frozen=True)
+class Config:
+    acc_stages: int = 2  # TMEM accumulator buffers: 2 overlaps the epilogue with the next tile
+    ab_stages: int = 6  # shared-memory stages of the A/B/SFA/SFB pipeline
+
+
+def check(config: Config) -> list[str]:
+    """Reasons the config cannot be built; empty when it can."""
+    reasons = []
+    if config.acc_stages not in ACC_STAGES:
+        reasons.append(f"acc_stages must be one of {list(ACC_STAGES)}, but got {config.acc_stages}")
+    if not 2 <= config.ab_stages <= 8:
+        reasons.append(f"ab_stages must be in 2..8, but got {config.ab_stages}")
+    return reasons

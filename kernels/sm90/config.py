@@ -1,0 +1,37 @@
+"""Build-time configuration of the sm_90a kernel (Hopper: dequantize NVFP4 to fp16, wgmma)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# K elements per pipeline stage: one 128-byte row of packed fp4 per operand row.
+K_TILE = 256
+# C rows are written with 16-byte vectors: n must keep them aligned.
+N_MULTIPLE = 8
+# Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
+ACC_STAGES = (1,)
+TILE_MS = (64, 128)  # output rows (tokens) per CTA tile
+TILE_NS = (128,)  # output columns (weight rows) per CTA tile
+
+
+@dataclass(frozen=True)
+class Config:
+    acc_stages: int = 1
+    tile_m: int = 128
+    tile_n: int = 128
+    stages: int = 4  # shared-memory stages of the packed-operand pipeline
+
+
+def check(config: Config) -> list[str]:
+    """Reasons the config cannot be built; empty when it can."""
+    reasons = []
+    if config.acc_stages not in ACC_STAGES:
+        reasons.append(f"acc_stages must be one of {list(ACC_STAGES)} on sm_90a (Hopper "
+                       f"accumulates in registers), but got {config.acc_stages}")
+    if config.tile_m not in TILE_MS:
+        reasons.append(f"tile_m must be one of {list(TILE_MS)}, but got {config.tile_m}")
+    if config.tile_n not in TILE_NS:
+        reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
+    if not 2 <= config.stages <= 8:
+        reasons.append(f"stages must be in 2..8, but got {config.stages}")
+    return reasons
