@@ -1,0 +1,35 @@
+"""Layouts of the device tables a grouped kernel reads (build time; recorded in the manifest).
+
+The kernels index these tables with the column numbers below, and `tables_record()` writes the
+same layout into each manifest entry, from which the runtime builds the tables. The runtime never
+spells a column order itself.
+
+- problem_sizes: int32 (G, 4) = (m, n, k, l) per group; l is 1.
+- pointers: int64 (G, 5) = device addresses of (a, b, sfa, sfb, c) per group.
+- cta_prefix: int32 (G + 1,): prefix sums of output tiles per group,
+  tiles_g = ceil(m_g / tile_m) * ceil(n_g / tile_n); entry G is the total.
+- tensormap_workspace: `bytes_per_cta` bytes of global scratch per launched CTA, 128-byte aligned,
+  where the kernel patches its per-group TMA descriptors. Written by the kernel, so never shared
+  by launches that can overlap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROBLEM_COLUMNS = ("m", "n", "k", "l")
+POINTER_COLUMNS = ("a", "b", "sfa", "sfb", "c")
+COL_M, COL_N, COL_K, COL_L = range(4)
+PTR_A, PTR_B, PTR_SFA, PTR_SFB, PTR_C = range(5)
+TENSORMAP_BYTES = 128
+
+
+def tables_record(num_tensormaps: int) -> dict[str, Any]:
+    """The `tables` field of a manifest entry for a kernel that patches `num_tensormaps` maps."""
+    return {
+        "problem_sizes": {"dtype": "int32", "columns": list(PROBLEM_COLUMNS)},
+        "pointers": {"dtype": "int64", "columns": list(POINTER_COLUMNS)},
+        "cta_prefix": {"dtype": "int32"},
+        "tensormap_workspace": {"bytes_per_cta": num_tensormaps * TENSORMAP_BYTES,
+                                "align": TENSORMAP_BYTES},
+    }
