@@ -1,0 +1,486 @@
+"""NVFP4 format helpers: packing, the blocked scale layout, quantization, inputs and a reference.
+
+Everything here is plain torch + stdlib so that tests and benchmarks can build inputs and check
+kernel outputs on any machine (CPU in CI, CUDA on the GPU host) without the CuTe DSL. The format
+and the scale layout are those of `shared/facts.md`:
+
+- an NVFP4 tensor of logical shape (rows, K) is stored as uint8 (rows, K // 2): element 2j in
+  the LOW nibble of byte j, element 2j + 1 in the HIGH nibble (`torch.float4_e2m1fn_x2` order);
+- every 16 consecutive K elements share one fp8 e4m3 scale: the plain scale layout is
+  (rows, K // 16); kernels take the blocked layout of `to_blocked` instead.
+
+Exactness: an e2m1 value times an e4m3 scale has at most 5 significant bits, so dequantized
+values are exact in float32 (and bf16/fp16), and the float64 reference below is exact for every
+shape of the benchmark (see `reference_grouped_gemm`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import InputError
+
+__all__ = [
+    "E2M1_VALUES",
+    "E4M3_MAX",
+    "SF_VEC",
+    "GroupedProblem",
+    "as_uint8",
+    "blocked_scale_numel",
+    "blocked_scale_offset",
+    "check_close",
+    "dequantize_nvfp4",
+    "fp4_to_float",
+    "from_blocked",
+    "make_grouped_problem",
+    "pack_fp4",
+    "quantize_nvfp4",
+    "random_nvfp4",
+    "reference_grouped_gemm",
+    "to_blocked",
+    "unpack_fp4",
+]
+
+# Value of each 4-bit e2m1 code. Codes 0..7 are the magnitudes, bit 3 is the sign; code 8 is -0.0.
+E2M1_VALUES: tuple[float, ...] = (
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+    -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+)  # fmt: skip
+E2M1_MAX = 6.0
+# Largest finite float8_e4m3fn value: block scales saturate here instead of becoming NaN.
+E4M3_MAX = 448.0
+SF_VEC = 16  # K elements that share one scale.
+
+# Rounding boundaries between consecutive e2m1 magnitudes (midpoints of the grid).
+_E2M1_MIDPOINTS: tuple[float, ...] = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+# Codes of the "benchmark" value set {0, +-0.5, +-1, +-1.5} of the public benchmark.
+_BENCHMARK_CODES: tuple[int, ...] = (0, 1, 2, 3, 9, 10, 11)
+# Exponent range whose powers of two are exact e4m3 values (2^-9 subnormal .. 2^8 = 256).
+_E4M3_POW2_EXP = (-9, 8)
+
+_FP4_DTYPE: torch.dtype | None = getattr(torch, "float4_e2m1fn_x2", None)
+_E4M3_DTYPE: torch.dtype = torch.float8_e4m3fn
+_BYTE_DTYPES = tuple(d for d in (_FP4_DTYPE, _E4M3_DTYPE) if d is not None)
+
+
+# --------------------------------------------------------------------------------------------
+# dtype views and fp4 packing
+# --------------------------------------------------------------------------------------------
+
+
+def as_uint8(t: torch.Tensor, name: str = "tensor") -> torch.Tensor:
+    """View a packed fp4 or e4m3 tensor as uint8 bytes without copying.
+
+    Kernels and layout helpers work on bytes; callers may hold the same storage under the
+    semantic dtypes `torch.float4_e2m1fn_x2` / `torch.float8_e4m3fn` (both one byte per element).
+    """
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, but got {type(t).__name__}")
+    if t.dtype == torch.uint8:
+        return t
+    if t.dtype in _BYTE_DTYPES:
+        return t.view(torch.uint8)
+    raise InputError(
+        f"{name} must be uint8, torch.float4_e2m1fn_x2 or torch.float8_e4m3fn, but got {t.dtype}"
+    )
+
+
+def _e2m1_table(device: torch.device | str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.tensor(E2M1_VALUES, dtype=dtype, device=device)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack 4-bit codes (..., K) into bytes (..., K // 2): element 2j low nibble, 2j + 1 high.
+
+    This is the byte order of `torch.float4_e2m1fn_x2` and of the kernels' fp4 operands.
+    """
+    if codes.dtype != torch.uint8:
+        raise InputError(f"codes must be uint8, but got {codes.dtype}")
+    if codes.dim() == 0 or codes.shape[-1] % 2:
+        raise InputError(
+            f"codes must have an even last dimension, but got shape {tuple(codes.shape)}"
+        )
+    if codes.numel() and int(codes.max()) > 15:
+        raise InputError(f"codes must be in 0..15, but got a maximum of {int(codes.max())}")
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of `pack_fp4`: bytes (..., K // 2) -> uint8 codes 0..15 of shape (..., K)."""
+    p = as_uint8(packed, "packed")
+    if p.dim() == 0:
+        raise InputError("packed must have at least one dimension, but got a scalar")
+    return torch.stack((p & 0x0F, p >> 4), dim=-1).reshape(*p.shape[:-1], p.shape[-1] * 2)
+
+
+def fp4_to_float(packed: torch.Tensor) -> torch.Tensor:
+    """Decode packed fp4 (..., K // 2) to float32 (..., K) on the tensor's own device (exact)."""
+    codes = unpack_fp4(packed)
+    return _e2m1_table(codes.device)[codes.long()]
+
+
+# --------------------------------------------------------------------------------------------
+# The blocked scale layout
+# --------------------------------------------------------------------------------------------
+
+
+def _check_k(k: int) -> None:
+    if k <= 0 or k % SF_VEC:
+        raise InputError(f"K must be a positive multiple of {SF_VEC}, but got {k}")
+
+
+def blocked_scale_offset(i: int, j: int, k: int) -> int:
+    """Byte offset of the scale of row `i`, scale column `j` (= K index // 16), for K = `k`.
+
+    This is the formula of facts.md, kept as scalar code so tests can check `to_blocked` against
+    it independently: 512-byte atoms of 128 rows x 4 scale columns, M-block outer, K-block inner.
+    """
+    rest_k = -(-k // (4 * SF_VEC))  # ceil(K / 64)
+    return ((i // 128) * rest_k + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4)
+
+
+def blocked_scale_numel(rows: int, k: int) -> int:
+    """Bytes of the blocked scales of a (rows, K) operand: rows padded to 128, K to 64."""
+    _check_k(k)
+    return -(-rows // 128) * 128 * (-(-k // (4 * SF_VEC)) * 4)
+
+
+def _pad_byte(pad_value: float, dtype: torch.dtype) -> int:
+    """The byte that `pad_value` is in `dtype` (a value of that dtype, not a raw byte for e4m3)."""
+    if dtype == torch.uint8:
+        if not 0 <= int(pad_value) <= 255:
+            raise InputError(f"pad_value must be a byte for uint8 scales, but got {pad_value}")
+        return int(pad_value)
+    return int(torch.tensor(float(pad_value)).to(dtype).view(torch.uint8))
+
+
+def to_blocked(scales: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
+    """Reorder plain scales (rows, K // 16) into the 1-D blocked layout the kernels read.
+
+    Returns a new contiguous 1-D tensor of `blocked_scale_numel(rows, K)` elements, same dtype
+    and device as `scales`. Padding rows (>= rows) and padding scale columns (>= K // 16) hold
+    `pad_value`, given as a value of the tensor's dtype (e.g. float('nan') poisons e4m3 padding).
+    """
+    s = as_uint8(scales, "scales")
+    if s.dim() != 2:
+        raise InputError(f"scales must be 2-D (rows, K // 16), but got shape {tuple(s.shape)}")
+    rows, cols = s.shape
+    if cols == 0:
+        raise InputError("scales must have at least one scale column, but got 0")
+    m_blocks = -(-rows // 128)
+    k_blocks = -(-cols // 4)
+    padded = torch.full(
+        (m_blocks * 128, k_blocks * 4), _pad_byte(pad_value, scales.dtype),
+        dtype=torch.uint8, device=s.device,
+    )  # fmt: skip
+    padded[:rows, :cols] = s
+    # row i = mb*128 + i4*32 + i32, column j = kb*4 + j4  ->  (mb, kb, i32, i4, j4)
+    blocked = padded.view(m_blocks, 4, 32, k_blocks, 4).permute(0, 3, 2, 1, 4).reshape(-1)
+    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+
+
+def from_blocked(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
+    """Exact inverse of `to_blocked`: blocked 1-D scales -> plain (rows, K // 16), padding dropped."""
+    _check_k(k)
+    b = as_uint8(blocked, "blocked")
+    expected = blocked_scale_numel(rows, k)
+    if b.dim() != 1 or b.numel() != expected:
+        raise InputError(
+            f"blocked scales for rows={rows}, K={k} must be 1-D with {expected} elements, "
+            f"but got shape {tuple(b.shape)}"
+        )
+    m_blocks = -(-rows // 128)
+    k_blocks = -(-k // (4 * SF_VEC))
+    # The permutation (0, 3, 2, 1, 4) swaps two axes, so it is its own inverse.
+    plain = b.reshape(m_blocks, k_blocks, 32, 4, 4).permute(0, 3, 2, 1, 4)
+    plain = plain.reshape(m_blocks * 128, k_blocks * 4)[:rows, : k // SF_VEC].contiguous()
+    return plain if blocked.dtype == torch.uint8 else plain.view(blocked.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Quantization
+# --------------------------------------------------------------------------------------------
+
+
+def _round_to_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """Round values (already divided by their scale) to the nearest e2m1 code.
+
+    Ties go to the EVEN code (the one whose mantissa bit is 0): IEEE round-to-nearest-even on the
+    e2m1 grid, the `.rn` mode of PTX `cvt ... e2m1x2`. As values: 0.25 -> 0, 0.75 -> 1.0,
+    1.25 -> 1.0, 1.75 -> 2.0, 2.5 -> 2.0, 3.5 -> 4.0, 5 -> 4.0. Magnitudes above 6 saturate to 6.
+    Values that round to zero get code 0 (+0), whatever their sign.
+    """
+    mag = v.abs()
+    bounds = torch.tensor(_E2M1_MIDPOINTS, dtype=mag.dtype, device=mag.device)
+    lo = torch.bucketize(mag, bounds, right=False)  # a tie at a midpoint -> lower code
+    hi = torch.bucketize(mag, bounds, right=True)  # a tie at a midpoint -> upper code
+    code = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)  # on a tie keep the even one
+    sign = ((v < 0) & (code != 0)).to(torch.uint8) << 3
+    return code.to(torch.uint8) | sign
+
+
+def quantize_nvfp4(
+    x: torch.Tensor, global_scale: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize x (rows, K) to NVFP4: (packed uint8 (rows, K // 2), e4m3 scales (rows, K // 16)).
+
+    The scales come back in the PLAIN layout; `to_blocked` turns them into the kernels' layout.
+    Per 16-element block: scale = e4m3(amax / 6 / global_scale) (round to nearest even,
+    saturating at 448), then each value / (scale * global_scale) rounds to the nearest e2m1
+    value (ties to the even code, saturating at 6). `global_scale` is the per-tensor factor that
+    dequantization multiplies back (the kernel's alpha): x ~= e2m1 * scale * global_scale.
+    A block whose scale rounds to 0 (all zeros, or tiny) gets scale 0 and codes 0, never NaN.
+    Inputs already on the grid with amax = 6 * an e4m3 value per block round-trip exactly.
+    Arithmetic is in float64 on x's device so the rounding decisions are exact.
+    """
+    if x.dim() != 2:
+        raise InputError(f"x must be 2-D (rows, K), but got shape {tuple(x.shape)}")
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise InputError(f"x must be float32, float16 or bfloat16, but got {x.dtype}")
+    rows, k = x.shape
+    _check_k(k)
+    if global_scale is not None and not (math.isfinite(global_scale) and global_scale > 0):
+        raise InputError(f"global_scale must be a positive finite number, but got {global_scale}")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise InputError("x must be finite, but it contains NaN or Inf")
+    gs = 1.0 if global_scale is None else float(global_scale)
+
+    blocks = x.to(torch.float64).reshape(rows, k // SF_VEC, SF_VEC)
+    amax = blocks.abs().amax(dim=-1)
+    scale = (amax / E2M1_MAX / gs).clamp(max=E4M3_MAX).to(_E4M3_DTYPE)
+    denom = scale.to(torch.float64) * gs
+    safe = denom > 0
+    v = torch.where(safe[..., None], blocks / torch.where(safe, denom, 1.0)[..., None], 0.0)
+    codes = _round_to_e2m1_codes(v).reshape(rows, k)
+    return pack_fp4(codes), scale
+
+
+def dequantize_nvfp4(
+    packed: torch.Tensor, scales_plain: torch.Tensor, global_scale: float | None = None
+) -> torch.Tensor:
+    """Dequantize NVFP4 (packed (rows, K // 2), plain e4m3 scales (rows, K // 16)) to float32.
+
+    value * scale is exact in float32; a `global_scale` multiplies once more (one rounding).
+    """
+    values = fp4_to_float(packed)
+    if values.dim() != 2:
+        raise InputError(f"packed must be 2-D (rows, K // 2), but got shape {tuple(packed.shape)}")
+    rows, k = values.shape
+    s = as_uint8(scales_plain, "scales_plain").view(_E4M3_DTYPE)  # uint8 = raw e4m3 bytes
+    if tuple(s.shape) != (rows, k // SF_VEC):
+        raise InputError(
+            f"scales_plain must have shape {(rows, k // SF_VEC)}, but got {tuple(s.shape)}"
+        )
+    out = values * s.to(torch.float32).repeat_interleave(SF_VEC, dim=1)
+    if global_scale is not None:
+        out = out * float(global_scale)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Random inputs and grouped problems
+# --------------------------------------------------------------------------------------------
+
+
+def random_nvfp4(
+    rows: int,
+    k: int,
+    *,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    values: str = "full",
+    scale_exp: tuple[int, int] = (-6, 6),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random NVFP4 operand: (packed uint8 (rows, K // 2), plain e4m3 scales (rows, K // 16)).
+
+    values='full': codes uniform over all 16 e2m1 codes; scales 2**e, e uniform integer in
+    scale_exp (both ends included). values='benchmark': the public benchmark's inputs, values in
+    {0, +-0.5, +-1, +-1.5} and scales in {1, 2} (scale_exp is ignored). Drawn on the CPU from
+    `generator` and then moved, so a seed gives the same data on every device.
+    """
+    _check_k(k)
+    if rows < 0:
+        raise InputError(f"rows must be >= 0, but got {rows}")
+    if values == "full":
+        lo, hi = scale_exp
+        if not (_E4M3_POW2_EXP[0] <= lo <= hi <= _E4M3_POW2_EXP[1]):
+            raise InputError(
+                f"scale_exp must be (lo, hi) with {_E4M3_POW2_EXP[0]} <= lo <= hi <= "
+                f"{_E4M3_POW2_EXP[1]} (exact e4m3 powers of two), but got {scale_exp}"
+            )
+        codes = torch.randint(0, 16, (rows, k), generator=generator, dtype=torch.uint8)
+    elif values == "benchmark":
+        lo, hi = 0, 1
+        pick = torch.randint(0, len(_BENCHMARK_CODES), (rows, k), generator=generator)
+        codes = torch.tensor(_BENCHMARK_CODES, dtype=torch.uint8)[pick]
+    else:
+        raise InputError(f"values must be 'full' or 'benchmark', but got {values!r}")
+    exps = torch.randint(lo, hi + 1, (rows, k // SF_VEC), generator=generator)
+    scales = torch.pow(2.0, exps.to(torch.float32)).to(_E4M3_DTYPE)
+    return pack_fp4(codes).to(device), scales.to(device)
+
+
+@dataclass
+class GroupedProblem:
+    """Inputs of one grouped GEMM call, in the kernels' formats, plus plain scales for checking.
+
+    a[g]: uint8 (m, k // 2); b[g]: uint8 (n, k // 2); sfa[g] / sfb[g]: 1-D float8_e4m3fn in the
+    blocked layout; sfa_plain[g] / sfb_plain[g]: float8_e4m3fn (m, k // 16) / (n, k // 16).
+    """
+
+    shapes: list[tuple[int, int, int]]
+    a: list[torch.Tensor] = field(default_factory=list)
+    b: list[torch.Tensor] = field(default_factory=list)
+    sfa: list[torch.Tensor] = field(default_factory=list)
+    sfb: list[torch.Tensor] = field(default_factory=list)
+    sfa_plain: list[torch.Tensor] = field(default_factory=list)
+    sfb_plain: list[torch.Tensor] = field(default_factory=list)
+
+    def reference(self) -> list[torch.Tensor]:
+        """float64 reference outputs of this problem (see `reference_grouped_gemm`)."""
+        return reference_grouped_gemm(self.a, self.b, self.sfa, self.sfb, self.shapes)
+
+
+def make_grouped_problem(
+    groups: Sequence[tuple[int, int, int]],
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    values: str = "full",
+    scale_exp: tuple[int, int] = (-6, 6),
+) -> GroupedProblem:
+    """Random grouped problem for groups [(m, n, k), ...], reproducible from `seed` on any device.
+
+    Padding of the blocked scales is 0. See `random_nvfp4` for `values` and `scale_exp`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    prob = GroupedProblem(shapes=[])
+    for g, shape in enumerate(groups):
+        if len(shape) != 3:
+            raise InputError(f"group {g} must be (m, n, k), but got {shape!r}")
+        m, n, k = (int(v) for v in shape)
+        if m < 0 or n < 0:
+            raise InputError(f"group {g} must have m, n >= 0, but got {(m, n, k)}")
+        _check_k(k)
+        a, sfa = random_nvfp4(m, k, generator=gen, device=device, values=values,
+                              scale_exp=scale_exp)  # fmt: skip
+        b, sfb = random_nvfp4(n, k, generator=gen, device=device, values=values,
+                              scale_exp=scale_exp)  # fmt: skip
+        prob.shapes.append((m, n, k))
+        prob.a.append(a)
+        prob.b.append(b)
+        prob.sfa_plain.append(sfa)
+        prob.sfb_plain.append(sfb)
+        prob.sfa.append(to_blocked(sfa))
+        prob.sfb.append(to_blocked(sfb))
+    return prob
+
+
+# --------------------------------------------------------------------------------------------
+# Reference and comparison
+# --------------------------------------------------------------------------------------------
+
+
+def _dequant_operand(
+    data: torch.Tensor, sf_blocked: torch.Tensor, rows: int, k: int, what: str
+) -> torch.Tensor:
+    d = as_uint8(data, what)
+    if tuple(d.shape) != (rows, k // 2):
+        raise InputError(f"{what} must have shape {(rows, k // 2)} bytes, but got {tuple(d.shape)}")
+    sf = from_blocked(as_uint8(sf_blocked, f"scales of {what}"), rows, k).view(_E4M3_DTYPE)
+    values = fp4_to_float(d).to(torch.float64)
+    return values * sf.to(torch.float64).repeat_interleave(SF_VEC, dim=1)
+
+
+def reference_grouped_gemm(
+    a_list: Sequence[torch.Tensor],
+    b_list: Sequence[torch.Tensor],
+    sfa_blocked_list: Sequence[torch.Tensor],
+    sfb_blocked_list: Sequence[torch.Tensor],
+    shapes: Sequence[tuple[int, int, int]],
+    alpha: Sequence[float] | None = None,
+) -> list[torch.Tensor]:
+    """float64 C_g = (A_g * SFA_g) @ (B_g * SFB_g)^T [* alpha_g] per group, on the inputs' device.
+
+    Inputs are in the kernels' formats (packed fp4 as uint8 or float4_e2m1fn_x2, blocked e4m3
+    scales). Why float64 is exact: with scales in 2^-6..2^6 each dequantized element is a multiple
+    of 2^-7 below 2^9, each product a multiple of 2^-14 below 2^18, so a dot product needs at most
+    32 + log2(K) bits: exact for K <= 2^21 (for any e4m3 scales at all, exact for K <= 2^10).
+    The reference thus has no rounding error of its own before `alpha`.
+    """
+    lists = (a_list, b_list, sfa_blocked_list, sfb_blocked_list)
+    if len({len(x) for x in lists} | {len(shapes)}) != 1:
+        raise InputError(
+            "a, b, sfa, sfb and shapes must have the same number of groups, but got "
+            f"{[len(x) for x in lists] + [len(shapes)]}"
+        )
+    if alpha is not None and len(alpha) != len(shapes):
+        raise InputError(f"alpha must have {len(shapes)} entries, but got {len(alpha)}")
+    out = []
+    for g, (m, n, k) in enumerate(shapes):
+        _check_k(k)
+        a = _dequant_operand(a_list[g], sfa_blocked_list[g], m, k, f"a[{g}]")
+        b = _dequant_operand(b_list[g], sfb_blocked_list[g], n, k, f"b[{g}]")
+        c = a @ b.T
+        if alpha is not None:
+            c = c * float(alpha[g])
+        out.append(c)
+    return out
+
+
+def check_close(
+    out: torch.Tensor | Sequence[torch.Tensor],
+    ref: torch.Tensor | Sequence[torch.Tensor],
+    rtol: float = 1e-3,
+    atol: float = 1e-3,
+) -> tuple[bool, str]:
+    """Compare a kernel output to a reference: |out - ref| <= atol + rtol * |ref|, NaN never passes.
+
+    Accepts one tensor each or lists of tensors (one per group). Returns (ok, report) where the
+    report gives max abs/rel error, NaN count, mismatch count and the first bad index with its
+    values, so a failing GPU run says where and how it is wrong, not just that it is.
+    """
+    if isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor):
+        return _check_one(out, ref, rtol, atol)
+    if isinstance(out, torch.Tensor) or isinstance(ref, torch.Tensor):
+        return False, "out and ref must both be tensors or both be lists of tensors"
+    if len(out) != len(ref):
+        return False, f"group count mismatch: out has {len(out)}, ref has {len(ref)}"
+    ok_all, lines = True, []
+    for g, (o, r) in enumerate(zip(out, ref)):
+        ok, rep = _check_one(o, r, rtol, atol)
+        ok_all &= ok
+        lines.append(f"group {g}: {rep}")
+    return ok_all, "\n".join(lines)
+
+
+def _check_one(out: torch.Tensor, ref: torch.Tensor, rtol: float, atol: float) -> tuple[bool, str]:
+    if tuple(out.shape) != tuple(ref.shape):
+        return False, f"shape mismatch: out {tuple(out.shape)} vs ref {tuple(ref.shape)}"
+    o = out.detach().to(device=ref.device, dtype=torch.float64)
+    r = ref.detach().to(torch.float64)
+    total = r.numel()
+    nan = torch.isnan(o) | torch.isnan(r)
+    n_nan = int(nan.sum())
+    err = (o - r).abs()
+    bad = ~(err <= atol + rtol * r.abs())  # NaN compares False, so it counts as bad
+    n_bad = int(bad.sum())
+    finite = ~nan
+    max_abs = float(err[finite].max()) if bool(finite.any()) else float("nan")
+    rel = err / r.abs()
+    rel_ok = finite & (r != 0)
+    max_rel = float(rel[rel_ok].max()) if bool(rel_ok.any()) else 0.0
+    report = (
+        f"{'OK' if n_bad == 0 else 'FAIL'}: shape {tuple(r.shape)}, max abs err {max_abs:.3e}, "
+        f"max rel err {max_rel:.3e}, NaN {n_nan}, mismatched {n_bad}/{total} "
+        f"(rtol={rtol:g}, atol={atol:g})"
+    )
+    if n_bad:
+        flat = int(bad.reshape(-1).nonzero()[0, 0])
+        idx = tuple(int(v) for v in torch.unravel_index(torch.tensor(flat), tuple(r.shape)))
+        report += f"; first bad index {idx}: out {float(o[idx])!r}, ref {float(r[idx])!r}"
+    return n_bad == 0, report
