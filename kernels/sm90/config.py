@@ -19,7 +19,20 @@ class Config:
     acc_stages: int = 1
     tile_m: int = 128
     tile_n: int = 128
-    stages: int = 4  # shared-memory stages of the packed-operand pipeline
+    stages: int = 3  # shared-memory stages of the packed-operand pipeline
+
+
+# The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
+SMEM_LIMIT = 232448
+FP16_BUFFERS, SUB_K = 3, 64
+
+
+def smem_bytes(config: Config) -> int:
+    """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
+    packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
+    scales = config.stages * 2 * (512 * K_TILE // 64)
+    fp16 = FP16_BUFFERS * (config.tile_n + config.tile_m) * SUB_K * 2
+    return 1024 + packed + scales + fp16
 
 
 def check(config: Config) -> list[str]:
@@ -34,4 +47,8 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
     if not 2 <= config.stages <= 8:
         reasons.append(f"stages must be in 2..8, but got {config.stages}")
+    if not reasons and smem_bytes(config) > SMEM_LIMIT:
+        reasons.append(
+            f"stages {config.stages} with tile_m {config.tile_m} needs {smem_bytes(config)} bytes "
+            f"of shared memory, more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages")
     return reasons

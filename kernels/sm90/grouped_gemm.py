@@ -1,0 +1,492 @@
+"""NVFP4 x NVFP4 block-scaled grouped GEMM for Hopper (sm_90a), in CuTe DSL.
+
+Op, per group g:  C_g[m, n] = sum_k (A_g[m, k] * SFA_g[m, k//16]) * (B_g[n, k] * SFB_g[n, k//16])
+with A (M, K) and B (N, K) packed e2m1 (K/2 bytes per row, element 2j in the low nibble), SFA and
+SFB e4m3 in the blocked 128x4 layout of facts.md, C (M, N) fp16 row-major; fp32 accumulation.
+
+Hopper has no FP4 tensor cores, so the data path is:
+  TMA (packed fp4 and scale bytes, per-group descriptors patched in a workspace)
+    -> shared memory, a `stages`-deep mbarrier pipeline fed by one producer warp
+    -> two consumer warpgroups dequantize value * scale to fp16 in registers (exact) and store it
+       into swizzled shared-memory tiles, 64 K at a time, rotating over 3 buffers
+    -> SS wgmma m64nNk16, fp32 accumulators in registers
+    -> epilogue writes C with per-element bounds checks (rows >= m and cols >= n untouched).
+
+Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
+the wgmma M dimension walks B's rows (128 per CTA tile, 64 per warpgroup) and the wgmma N
+dimension walks A's rows (`tile_m`, 64 or 128), so a small m wastes at most tile_m - 1 rows.
+
+Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatenated per-group tile
+lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
+sizes, pointers and the grid are run-time values; nothing about the call is baked into the cubin.
+
+Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, scales padded to
+128-row atoms (the blocked layout always is). Build:
+    CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
+from cutlass.cute.runtime import make_ptr
+from cutlass.tensor_utils import LayoutEnum
+
+from kernels import tables
+from kernels.abi import CompiledKernel, KernelArgs, swizzle_bytes, tma_geometry
+
+from . import tma
+from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
+from .dequant import dequant_word, scale_pair
+from .ptx import trap, e4m3x2_to_f16x2, ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt, st_shared_v4
+
+SYMBOL_PREFIX = "nvfp4_gg_sm90"
+PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
+SUB_STEPS = K_TILE // SUB_K
+SCALE_ATOM_BYTES = 512  # 128 rows x 4 scales (64 K) in the blocked layout
+SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64  # the 128-row block's scales for one K tile
+SCALE_BOX = (256, 2 * K_TILE // 64)  # that block as (256 bytes, 8) for TMA (box dims <= 256)
+THREADS = 384  # warpgroup 0: producer (warp 0 issues TMA); warpgroups 1, 2: consumers
+CONSUMER_THREADS = 256
+# Placeholder extents for the descriptor templates; the kernel patches dims and strides.
+_PH_ROWS, _PH_ROW_BYTES = 1024, 4096
+_PH_SCALE = (256, 64, 16)
+# Operand order inside a descriptor set.
+OP_B, OP_A, OP_SFB, OP_SFA = range(4)
+
+
+class Sm90GroupedGemm:
+    """One persistent warp-specialized kernel per Config; see the module docstring."""
+
+    def __init__(self, config: Config) -> None:
+        reasons = check(config)
+        if reasons:
+            raise ValueError("; ".join(reasons))
+        self.config = config
+        self.tile_m = config.tile_m  # A rows (tokens) per CTA tile = wgmma N
+        self.tile_n = config.tile_n  # B rows (weights) per CTA tile = 2 warpgroups x wgmma M 64
+        self.stages = config.stages
+        self.args: KernelArgs | None = None
+        self.smem_bytes = 0
+
+    # ------------------------------------------------------------------ host (trace time)
+    @cute.jit
+    def __call__(
+        self,
+        problem_sizes: cute.Pointer,
+        pointers: cute.Pointer,
+        cta_prefix: cute.Pointer,
+        workspace: cute.Pointer,
+        num_groups: Int32,
+        num_ctas: Int32,
+    ) -> None:
+        # num_ctas only sizes the launch: a static grid would let the compiler assume
+        # blockIdx.x == 0, which a persistent kernel must never see.
+        args = KernelArgs()
+        tile_m, tile_n = self.tile_m, self.tile_n
+
+        packed_b_smem = self._packed_layout(tile_n)
+        packed_a_smem = self._packed_layout(tile_m)
+        scale_smem = cute.make_layout(SCALE_BOX, stride=(1, SCALE_BOX[0]))
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        packed_ph = self._placeholder((_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1))
+        scale_stride = (1, _PH_SCALE[0], _PH_SCALE[0] * _PH_SCALE[1])
+        scale_ph = self._placeholder(_PH_SCALE, scale_stride)
+        atom_b, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_b_smem,
+                                                (tile_n, PACKED_ROW_BYTES))
+        atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
+                                                (tile_m, PACKED_ROW_BYTES))
+        atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
+        atom_sfa, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
+
+        def geometry(atom: Any, shape: tuple, stride: tuple, smem: Any) -> dict:
+            return tma_geometry(atom, shape, stride, swizzle_bytes(smem, 8), "256B")
+
+        packed_shape, packed_stride = (_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1)
+        args.tma_template("tma_b", atom_b, "b",
+                          geometry(atom_b, packed_shape, packed_stride, packed_b_smem))
+        args.tma_template("tma_a", atom_a, "a",
+                          geometry(atom_a, packed_shape, packed_stride, packed_a_smem))
+        args.tma_template("tma_sfb", atom_sfb, "sfb",
+                          geometry(atom_sfb, _PH_SCALE, scale_stride, scale_smem))
+        args.tma_template("tma_sfa", atom_sfa, "sfa",
+                          geometry(atom_sfa, _PH_SCALE, scale_stride, scale_smem))
+        args.table("problem_sizes", problem_sizes, "problem_sizes")
+        args.table("pointers", pointers, "pointers")
+        args.table("cta_prefix", cta_prefix, "cta_prefix")
+        args.table("tensormap_workspace", workspace, "tensormap_workspace")
+        args.scalar("num_groups", num_groups, "num_groups")
+
+        fb_layout, fa_layout = self._fp16_layouts()
+
+        stages = self.stages
+
+        @cute.struct
+        class SharedStorage:
+            mbar: cute.struct.MemRange[Int64, stages * 2]
+            packed_b: cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
+            packed_a: cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * tile_m * PACKED_ROW_BYTES], 1024]
+            scale_b: cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
+            scale_a: cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
+            fp16_b: cute.struct.Align[
+                cute.struct.MemRange[Float16, cute.cosize(fb_layout)], 1024]
+            fp16_a: cute.struct.Align[
+                cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        self.smem_bytes = SharedStorage.size_in_bytes()
+        assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
+        self.args = args
+        self.kernel.set_name_prefix(SYMBOL_PREFIX, remove_cutlass_symbol=True,
+                                    keep_mangled_name=False)
+        self.kernel(*args.values()).launch(
+            grid=(num_ctas, 1, 1), block=(THREADS, 1, 1), cluster=(1, 1, 1),
+            min_blocks_per_mp=1, smem=self.smem_bytes,
+        )
+
+    def _tiled_mma(self) -> cute.TiledMma:
+        # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
+        return sm90_utils.make_trivial_tiled_mma(
+            Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m),
+        )
+
+    def _fp16_layouts(self) -> tuple[Any, Any]:
+        """K-major 128B-swizzled fp16 tiles (B rows, A rows) x 64 K, FP16_BUFFERS deep."""
+        mnk = (self.tile_n, self.tile_m, SUB_K)
+        return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS),
+                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS))
+
+    @staticmethod
+    def _packed_layout(rows: int) -> Any:
+        """Packed fp4 rows of 128 bytes, 128B-swizzled so 8 rows x 16 B reads hit 32 banks."""
+        return cute.make_composed_layout(
+            cute.make_swizzle(3, 4, 3), 0,
+            cute.make_layout((rows, PACKED_ROW_BYTES), stride=(PACKED_ROW_BYTES, 1)))
+
+    @staticmethod
+    def _placeholder(shape: tuple, stride: tuple) -> cute.Tensor:
+        return cute.make_tensor(cute.make_ptr(Uint8, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
+                                cute.make_layout(shape, stride=stride))
+
+    # ------------------------------------------------------------------ device
+    @cute.kernel
+    def kernel(
+        self,
+        tma_b: cute.CopyAtom,
+        tma_a: cute.CopyAtom,
+        tma_sfb: cute.CopyAtom,
+        tma_sfa: cute.CopyAtom,
+        problem_sizes: cute.Pointer,
+        pointers: cute.Pointer,
+        cta_prefix: cute.Pointer,
+        workspace: cute.Pointer,
+        num_groups: Int32,
+    ) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+
+        # The runtime launches with the recorded dynamic smem; trap rather than corrupt memory
+        # if a launch ever provides less.
+        if cute.arch.dynamic_smem_size() < self.smem_bytes:
+            trap()
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        tx_bytes = (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            # consumer_release arrives once per consumer warp (lane 0)
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     CONSUMER_THREADS // 32),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
+        sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+        ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
+        prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
+        total_tiles = prefix[num_groups]
+
+        # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
+        # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
+        # in the producer path, which patches descriptors with 64-bit values.
+        if warp_idx == 0:
+            self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
+                           prefix, workspace, total_tiles, bidx, grid)
+        if warp_idx >= 4:
+            fb_layout, fa_layout = self._fp16_layouts()
+            self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
+                           prefix, total_tiles, bidx, grid, tidx - 128)
+
+    @cute.jit
+    def _tile_coords(self, tile: Int32, group: Int32, prefix: cute.Tensor, m: Int32):
+        local = tile - prefix[group]
+        tiles_m = (m + self.tile_m - 1) // self.tile_m
+        tile_n_idx = local // tiles_m
+        return local - tile_n_idx * tiles_m, tile_n_idx
+
+    @cute.jit
+    def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
+                  workspace, total_tiles, bidx, grid) -> None:
+        atoms = (tma_b, tma_a, tma_sfb, tma_sfa)
+        ws = cute.make_ptr(Int64, workspace.toint(), cute.AddressSpace.gmem, assumed_align=128)
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(tma.SETS):
+                for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
+                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
+        cute.arch.sync_warp()
+        cute.arch.fence_acq_rel_cta()
+
+        packed_b = storage.packed_b.data_ptr()
+        packed_a = storage.packed_a.data_ptr()
+        scale_b = storage.scale_b.data_ptr()
+        scale_a = storage.scale_a.data_ptr()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        group = Int32(0)
+        prev_group = Int32(-1)
+        desc_set = Int32(1)
+        tile = bidx
+        while tile < total_tiles:
+            while tile >= prefix[group + 1]:
+                group += 1
+            m = sizes[group, tables.COL_M]
+            n = sizes[group, tables.COL_N]
+            k = sizes[group, tables.COL_K]
+            if group != prev_group:
+                desc_set = 1 - desc_set
+                self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
+                prev_group = group
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
+            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
+            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            d_sfa = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFA)
+            row_a = tile_m_idx * self.tile_m
+            row_b = tile_n_idx * self.tile_n
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                stage = state.index
+                col = kt * PACKED_ROW_BYTES
+                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
+                             (col, row_b))
+                tma.tma_load(d_a, packed_a + stage * (self.tile_m * PACKED_ROW_BYTES), bar,
+                             (col, row_a))
+                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
+                             (0, kt * SCALE_BOX[1], row_b // 128))
+                tma.tma_load(d_sfa, scale_a + stage * SCALE_STAGE_BYTES, bar,
+                             (0, kt * SCALE_BOX[1], row_a // 128))
+                mainloop.producer_commit(state)
+                state.advance()
+            tile += grid
+        mainloop.producer_tail(state)
+
+    @cute.jit
+    def _patch_descriptors(self, atoms, ws, bidx, desc_set, ptrs, group, m, n, k) -> None:
+        """Point this CTA's descriptor set at group `group` (whole warp; one lane writes)."""
+        row_bytes = k // 2
+        scale_k = k // 64  # 512-byte atoms per 128-row block
+        tensors = (
+            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
+            self._bytes_tensor(ptrs[group, tables.PTR_A], (m, row_bytes), (row_bytes, 1)),
+            self._bytes_tensor(ptrs[group, tables.PTR_SFB],
+                               (SCALE_BOX[0], 2 * scale_k, (n + 127) // 128),
+                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
+            self._bytes_tensor(ptrs[group, tables.PTR_SFA],
+                               (SCALE_BOX[0], 2 * scale_k, (m + 127) // 128),
+                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
+        )
+        for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
+            cpasync.update_tma_descriptor(atoms[o], tensors[o],
+                                          tma.descriptor_ptr(ws, bidx, desc_set, o))
+        cute.arch.sync_warp()
+        cpasync.fence_tma_desc_release()
+        for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
+            cpasync.fence_tma_desc_acquire(tma.descriptor_ptr(ws, bidx, desc_set, o))
+
+    @staticmethod
+    def _bytes_tensor(address: Int64, shape: tuple, stride: tuple) -> cute.Tensor:
+        ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=16)
+        return cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
+
+    @cute.jit
+    def _consumer(self, tiled_mma, fb_layout, fa_layout, storage, mainloop, sizes, ptrs, prefix,
+                  total_tiles, bidx, grid, ct) -> None:
+        fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
+        fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        num_kblocks = cute.size(frag_b, mode=[2])
+        step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=CONSUMER_THREADS)
+
+        packed_b = storage.packed_b.data_ptr().toint()
+        packed_a = storage.packed_a.data_ptr().toint()
+        scale_b = storage.scale_b.data_ptr().toint()
+        scale_a = storage.scale_a.data_ptr().toint()
+        f16_b = storage.fp16_b.data_ptr().toint()
+        f16_a = storage.fp16_a.data_ptr().toint()
+        fb_stride = self.tile_n * SUB_K * 2  # bytes per fp16 buffer
+        fa_stride = self.tile_m * SUB_K * 2
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        step = Int32(0)
+        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            while tile >= prefix[group + 1]:
+                group += 1
+            m = sizes[group, tables.COL_M]
+            n = sizes[group, tables.COL_N]
+            k = sizes[group, tables.COL_K]
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            a_row0_in_block = (tile_m_idx * self.tile_m) % 128
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                mainloop.consumer_wait(state)
+                stage = state.index
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    buf = step % FP16_BUFFERS
+                    # Three buffers: the buffer written now was last read by the wgmma of step
+                    # `step - 3`, which every consumer warpgroup retired (wait_group(1) at the end
+                    # of step - 2) before arriving at the barrier of step - 1.
+                    self._dequant_rows(
+                        self.tile_n, ct, s,
+                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                        scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
+                    self._dequant_rows(
+                        self.tile_m, ct, s,
+                        packed_a + stage * (self.tile_m * PACKED_ROW_BYTES),
+                        scale_a + stage * SCALE_STAGE_BYTES, a_row0_in_block,
+                        f16_a + buf * fa_stride)
+                    if s == SUB_STEPS - 1:
+                        mainloop.consumer_release(state)
+                    # Generic-proxy stores must be visible to the async proxy (wgmma) ...
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    # ... and every consumer's rows written before either warpgroup reads them.
+                    step_barrier.arrive_and_wait()
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        cute.gemm(tiled_mma, acc, frag_b[None, None, kb, buf],
+                                  frag_a[None, None, kb, buf], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    step += 1
+                state.advance()
+            warpgroup.wait_group(0)
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
+
+    @cute.jit
+    def _dequant_rows(self, rows: int, ct: Int32, s: int, packed: Int32, scales: Int32,
+                      scale_row0: Int32, dst: Int32) -> None:
+        """Dequantize sub-step `s` (64 K) of `rows` packed rows into an fp16 wgmma tile.
+
+        Thread `ct` of 256 takes `rows / 32` consecutive words (8 e2m1 each) of one row. Packed
+        and fp16 tiles are both 128B-swizzled: 16-byte chunk c of row r sits at c ^ (r % 8).
+        """
+        words = rows // 32  # 4 (16 bytes) for 128 rows, 2 (8 bytes) for 64 rows
+        per_row = 8 // words  # threads sharing one row's 64 K
+        r = ct // per_row
+        part = ct % per_row
+        first_word = part * words  # in 0..7: 8 words = 32 bytes = 64 K per row per sub-step
+        chunk = 2 * s + first_word // 4
+        src = packed + r * PACKED_ROW_BYTES + ((chunk ^ (r % 8)) * 16) + (first_word % 4) * 4
+        sr = scale_row0 + r
+        scale_at = (scales + s * SCALE_ATOM_BYTES + (sr % 32) * 16 + (sr // 32) * 4
+                    + first_word // 2)
+        if cutlass.const_expr(words == 4):
+            w = ld_shared_v4(src)
+            s0, s1 = scale_pair(ld_shared_u16(scale_at))
+            scale_per_word = (s0, s0, s1, s1)
+        else:
+            w = ld_shared_v2(src)
+            # One scale for both words; it may be the high byte of its aligned 16-bit pair.
+            odd = (first_word // 2) % 2
+            both = e4m3x2_to_f16x2(ld_shared_u16(scale_at - odd))
+            s0 = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
+            scale_per_word = (s0, s0)
+        for i in cutlass.range_constexpr(words):
+            out = dequant_word(w[i], scale_per_word[i])
+            out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
+            dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
+            st_shared_v4(dst_at, out[0], out[1], out[2], out[3])
+
+    @cute.jit
+    def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,
+                    col0: Int32) -> None:
+        """Accumulator (B row, A row) -> C[A row, B row] as fp16, skipping rows >= m, cols >= n."""
+        c_ptr = cute.make_ptr(Float16, c_address, cute.AddressSpace.gmem, assumed_align=16)
+        c = cute.make_tensor(c_ptr, cute.make_layout((m, n), stride=(n, 1)))
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            b_row, a_row = coords[i]
+            row = row0 + a_row
+            col = col0 + b_row
+            if row < m and col < n:
+                c[row, col] = Float16(acc[i])
+
+
+def _check_dsl_arch(arch: str) -> None:
+    """CUTE_DSL_ARCH is read once at `import cutlass`; a mismatch would silently target sm_100."""
+    env_arch = os.environ.get("CUTE_DSL_ARCH")
+    if env_arch != arch:
+        raise RuntimeError(
+            f"CUTE_DSL_ARCH must be {arch!r} before cutlass is imported, but got {env_arch!r}")
+
+
+def compile_kernel(config: Config, *, arch: str,
+                   groups: list[tuple[int, int, int]]) -> CompiledKernel:
+    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves)."""
+    if arch != "sm_90a":
+        raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
+    _check_dsl_arch(arch)
+    gemm = Sm90GroupedGemm(config)
+    i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
+    i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
+    ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
+    with tempfile.TemporaryDirectory(prefix="nvfp4_sm90_") as dump:
+        compiled = cute.compile(
+            gemm, i32, i64, i32, ws, Int32(1), Int32(1),
+            options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
+        )
+        cubin, ptx = compiled.__cubin__, compiled.__ptx__
+    if not isinstance(cubin, bytes) or not ptx:
+        raise RuntimeError("the DSL returned no cubin/PTX (dump directory missing?)")
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected exactly one kernel in the module, but got {symbols}")
+    return CompiledKernel(
+        symbol=symbols[0],
+        cubin=cubin,
+        ptx=ptx,
+        params=gemm.args.params(),
+        block=(THREADS, 1, 1),
+        cluster=(1, 1, 1),
+        dynamic_smem=gemm.smem_bytes,
+        grid={"policy": "persistent", "ctas_per_sm": 1},
+        tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
+        tables=tables.tables_record(tma.SETS * tma.MAPS_PER_SET),
+        constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
+                     "n_multiple": N_MULTIPLE},
+    )

@@ -1,0 +1,110 @@
+"""PTX one-liners the Hopper kernel needs and the DSL lacks or emits less freely.
+
+`cute.arch.prmt` is inline asm WITH side effects, which blocks scheduling and CSE; the pure
+arithmetic ops here are declared side-effect free so the compiler may interleave them with
+loads and wgmma. Shared-memory accesses keep side effects (they must not cross barriers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cutlass import Int32, Uint32
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm, nvvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _ir(value: Any, loc: Any, ip: Any) -> ir.Value:
+    return value if isinstance(value, ir.Value) else Int32(value).ir_value(loc=loc, ip=ip)
+
+
+def _pure_i32(text: str, constraints: str, args: list[Any], loc: Any, ip: Any) -> Uint32:
+    out = llvm.inline_asm(
+        T.i32(), [_ir(a, loc, ip) for a in args], text, constraints,
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out)
+
+
+@dsl_user_op
+def prmt(a: Any, b: Any, selector: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """Byte permute: 4 bytes picked from the 8 bytes {b, a} by the 4 low selector nibbles."""
+    return _pure_i32("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, selector], loc, ip)
+
+
+@dsl_user_op
+def mul_f16x2(a: Any, b: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """Two fp16 products in one HMUL2 on packed 32-bit registers (round to nearest even)."""
+    return _pure_i32("mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b], loc, ip)
+
+
+@dsl_user_op
+def e4m3x2_to_f16x2(a: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """The two e4m3 bytes in the low half of `a` to two fp16 (exact; cvt exists from sm_89)."""
+    return _pure_i32(
+        "{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, $1;\ncvt.rn.f16x2.e4m3x2 $0, lo;\n}",
+        "=r,r", [a], loc, ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
+    """16-byte shared-memory load at a 32-bit shared address."""
+    st = llvm.StructType.get_literal([T.i32()] * 4)
+    res = llvm.inline_asm(
+        st, [_ir(addr, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
+    """8-byte shared-memory load at a 32-bit shared address."""
+    st = llvm.StructType.get_literal([T.i32()] * 2)
+    res = llvm.inline_asm(
+        st, [_ir(addr, loc, ip)], "ld.shared.v2.b32 {$0, $1}, [$2];",
+        "=r,=r,r", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
+
+
+@dsl_user_op
+def ld_shared_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A 16-bit shared-memory load, zero-extended."""
+    out = llvm.inline_asm(
+        T.i32(), [_ir(addr, loc, ip)],
+        "{\n.reg .b16 h;\nld.shared.b16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out)
+
+
+@dsl_user_op
+def st_shared_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
+                 ip: Any = None) -> None:
+    """16-byte shared-memory store at a 32-bit shared address."""
+    llvm.inline_asm(
+        None, [_ir(x, loc, ip) for x in (addr, w0, w1, w2, w3)],
+        "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def elect_sync(*, loc: Any = None, ip: Any = None) -> Any:
+    """An i1 that is true in exactly one active lane of the warp."""
+    return nvvm.elect_sync(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def trap(*, loc: Any = None, ip: Any = None) -> None:
+    """Abort the kernel (the launch fails with an illegal-instruction class error)."""
+    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
+                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
