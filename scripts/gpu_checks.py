@@ -1,0 +1,114 @@
+"""Every GPU check in one run, for the lent H200 (artifacts are built beforehand, on a CPU machine).
+
+    PYTHONPATH=. python scripts/gpu_checks.py --artifacts artifacts [--seeds 3] [--pytest]
+
+For each kernel of the device's arch in the manifest, a child process (so a hang or a sticky CUDA
+error costs one kernel, not the run) draws fresh random inputs per seed (e2m1 codes over the full
+range, scales 2^-6..2^6), poisons the outputs with NaN, launches through the runtime and compares
+with the float64 reference at rtol = atol = 1e-3. Then, with --pytest, the GPU test suite. A
+short table comes last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
+    """Runs in the child: correctness of one kernel over `seeds` fresh problems."""
+    import torch
+
+    import runtime
+    from runtime.nvfp4 import check_close, make_grouped_problem, reference_grouped_gemm
+
+    gg = runtime.load(artifacts)
+    entry = next(k for k in gg.kernels if k.name == name)
+    groups = [tuple(g) for g in entry.constraints["groups"]]
+    rows = []
+    for seed in range(seeds):
+        prob = make_grouped_problem(groups, seed=1000 + seed, device="cuda", values="full",
+                                    scale_exp=(-6, 6))
+        outs = [torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
+                for m, n, _ in groups]
+        t0 = time.perf_counter()
+        gg.grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, out=outs)
+        torch.cuda.synchronize()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        ref = reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, groups)
+        ok, report = check_close(outs, ref)
+        rows.append({"seed": seed, "ok": ok, "report": report, "ms": first_ms})
+    return {"name": name, "ok": all(r["ok"] for r in rows), "rows": rows}
+
+
+def run_child(artifacts: str, name: str, seeds: int, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--artifacts", artifacts, "--child", name,
+           "--seeds", str(seeds)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"name": name, "ok": False, "error": f"timed out after {timeout:.0f} s (hang?)"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stdout + proc.stderr)[-3000:]
+        return {"name": name, "ok": False, "error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifacts", default="artifacts")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--only", action="append", default=[], help="kernel name (repeatable)")
+    ap.add_argument("--pytest", action="store_true", help="also run the GPU test suite")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.child:
+        res = check_kernel(args.artifacts, args.child, args.seeds)
+        print("RESULT " + json.dumps(res))
+        return 0
+
+    import torch
+
+    from runtime.manifest import ARCH_CAPABILITY, load_manifest
+
+    cap = torch.cuda.get_device_capability()
+    print(f"device: {torch.cuda.get_device_name()} cc {cap}, torch {torch.__version__}")
+    manifest = load_manifest(args.artifacts)
+    names = [k.name for k in manifest.kernels if ARCH_CAPABILITY[k.arch] == cap
+             and (not args.only or k.name in args.only)]
+    results = []
+    for name in names:
+        res = run_child(args.artifacts, name, args.seeds, args.timeout)
+        results.append(res)
+        for r in res.get("rows", []):
+            print(f"  {name} seed {r['seed']}: {'ok ' if r['ok'] else 'BAD'} {r['report']}")
+        if "error" in res:
+            print(f"  {name}: ERROR {res['error']}")
+        sys.stdout.flush()
+
+    rc = 0 if results and all(r["ok"] for r in results) else 1
+    if args.pytest:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests"],
+                              cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        rc = rc or proc.returncode
+    print("\nkernel                                  seeds  result")
+    for r in results:
+        status = "ok" if r["ok"] else ("ERROR" if "error" in r else "WRONG")
+        print(f"{r['name']:40s} {len(r.get('rows', [])):5d}  {status}")
+    print(f"{sum(r['ok'] for r in results)}/{len(results)} kernels correct")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

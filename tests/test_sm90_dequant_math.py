@@ -1,0 +1,97 @@
+"""The sm90 kernel's fp4 -> fp16 bit recipe, emulated exactly on the CPU (no DSL needed).
+
+The device code in kernels/sm90/dequant.py is built from the constants tested here; this checks
+that LUT bytes, PRMT selectors and sign shifts reproduce value * scale for every e2m1 code, every
+position in a word, and every finite e4m3 scale, including the documented K-pair permutation.
+"""
+
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from runtime.nvfp4 import E2M1_VALUES
+
+pytest.importorskip("torch")
+
+
+def prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 default mode: bytes {b, a}; selector nibble bit 3 = replicate sign bit."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        byte = src[nib & 7]
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * i)
+    return out
+
+
+def f16x2(word: int) -> tuple[float, float]:
+    lo, hi = struct.unpack("<ee", struct.pack("<I", word))
+    return float(lo), float(hi)
+
+
+def mul_f16x2(a: int, b: int) -> int:
+    x = np.frombuffer(struct.pack("<I", a), dtype=np.float16)
+    y = np.frombuffer(struct.pack("<I", b), dtype=np.float16)
+    return struct.unpack("<I", (x * y).astype(np.float16).tobytes())[0]
+
+
+def dequant_word(w: int, scale2: int) -> list[int]:
+    from kernels.sm90.fp4_bits import LUT_HI, LUT_LO, PAIR_SELECTORS, SIGN_BITS
+
+    mags = w & 0x77777777
+    lo = prmt(LUT_LO, LUT_HI, mags)
+    hi = prmt(LUT_LO, LUT_HI, mags >> 16)
+    out = []
+    for i in range(4):
+        pair = prmt(lo, hi, PAIR_SELECTORS[i])
+        signs = (w << (12 - 4 * i)) & 0xFFFFFFFF if i < 3 else w
+        out.append(mul_f16x2(pair | (signs & SIGN_BITS), scale2))
+    return out
+
+
+def e4m3_values() -> list[tuple[int, float]]:
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    return [(c, float(v)) for c, v in enumerate(codes.tolist()) if np.isfinite(v)]
+
+
+def splat(scale: float) -> int:
+    h = struct.unpack("<H", np.float16(scale).tobytes())[0]
+    return h | (h << 16)
+
+
+def test_every_code_at_every_position_unit_scale() -> None:
+    one = splat(1.0)
+    for pos in range(8):
+        for code in range(16):
+            w = code << (4 * pos)
+            vals = [v for word in dequant_word(w, one) for v in f16x2(word)]
+            # output order: pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7)
+            order = [0, 4, 1, 5, 2, 6, 3, 7]
+            expect = [E2M1_VALUES[code] if order[i] == pos else 0.0 for i in range(8)]
+            assert vals == expect, (pos, code, vals)
+            if code == 8:  # -0.0 keeps its sign
+                assert np.signbit(vals[order.index(pos)])
+
+
+def test_every_code_times_every_finite_e4m3_scale_is_exact() -> None:
+    for _, scale in e4m3_values():
+        s2 = splat(scale)
+        w = 0x76543210  # codes 0..7 at positions 0..7
+        got = [v for word in dequant_word(w, s2) for v in f16x2(word)]
+        want = [E2M1_VALUES[c] * scale for c in (0, 4, 1, 5, 2, 6, 3, 7)]
+        assert got == want, scale
+        w = 0xFEDCBA98  # codes 8..15 (negative)
+        got = [v for word in dequant_word(w, s2) for v in f16x2(word)]
+        want = [E2M1_VALUES[c] * scale for c in (8, 12, 9, 13, 10, 14, 11, 15)]
+        assert got == want, scale
+
+
+def test_e4m3_to_fp16_is_exact() -> None:
+    # cvt.rn.f16x2.e4m3x2 is exact because fp16 covers e4m3's range and precision.
+    for _, v in e4m3_values():
+        assert float(np.float16(v)) == v
