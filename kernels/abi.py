@@ -14,7 +14,6 @@ static. Anything else must be declared with an explicit size (`zeros`) and is ch
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,18 +22,6 @@ from runtime.manifest import OPERANDS, SCALARS, TABLES, pack_offsets
 
 class AbiError(Exception):
     """An argument cannot be described as launch-ABI slots."""
-
-
-# The swizzle of a composed smem layout, "S<bits,base,shift>", and its TMA name.
-_SWIZZLE_RE = re.compile(r"S<(\d+),(\d+),(\d+)>")
-_TMA_TYPE_RE = re.compile(
-    r"non_exec_tiled_tma_load<(?P<arch>\w+), (?P<elem>\w+), copy_bits = (?P<bits>\d+), "
-    r'tma_gbasis = <"\((?P<box>[^)]*)\):\((?P<basis>[^)]*)\)">, tma_format = (?P<fmt>\w+)>'
-)
-_TMA_FORMAT = {"U8": "UINT8", "U16": "UINT16", "U32": "UINT32", "U64": "UINT64", "F16": "FLOAT16",
-               "U4": "16U4_ALIGN8B", "S32": "INT32"}
-_ELEM_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "f16": 16, "bf16": 16, "f32": 32,
-              "f4E2M1FN": 4, "f8E4M3FN": 8}
 
 
 @dataclass
@@ -74,56 +61,6 @@ def slots_of(value: Any, name: str) -> list[tuple[int, int]]:
         else:
             raise AbiError(f"argument {name!r} has MLIR type {t}, which has no recorded lowering")
     return slots
-
-
-def swizzle_bytes(smem_layout: Any, elem_bits: int) -> str:
-    """TMA swizzle name for a (possibly composed) smem layout built by the kernel."""
-    text = str(getattr(smem_layout, "inner", smem_layout))
-    m = _SWIZZLE_RE.search(text)
-    if not m or int(m.group(1)) == 0:
-        return "NONE"
-    bits, base = int(m.group(1)), int(m.group(2))
-    unit_bytes = (1 << base) * elem_bits // 8
-    if unit_bytes != 16:
-        raise AbiError(f"swizzle {m.group(0)} over {elem_bits}-bit elements is not a TMA swizzle")
-    return {1: "32B", 2: "64B", 3: "128B"}[bits]
-
-
-def tma_geometry(atom: Any, placeholder_shape: tuple[int, ...], placeholder_stride: tuple[int, ...],
-                 swizzle: str, l2_promotion: str) -> dict[str, Any]:
-    """cuTensorMapEncodeTiled arguments for a TMA atom, read from the atom's traced type.
-
-    The atom type carries the box and which tensor mode each descriptor dimension walks
-    (`tma_gbasis`, e.g. "(128,8):(1@1,1@0)": dim 0 has box 128 over tensor mode 1). The
-    placeholder tensor (the one the atom was made from) gives dims and byte strides in that order.
-    """
-    (t,) = _mlir_types(atom)
-    m = _TMA_TYPE_RE.search(t)
-    if not m:
-        raise AbiError(f"cannot read TMA geometry from atom type {t}")
-    box = [int(x) for x in m.group("box").split(",")]
-    modes = [int(b.split("@")[1]) for b in m.group("basis").split(",")]
-    fmt = _TMA_FORMAT.get(m.group("fmt"))
-    if fmt is None:
-        raise AbiError(f"TMA format {m.group('fmt')} has no cuTensorMapEncodeTiled dtype mapping")
-    elem_bits = _ELEM_BITS.get(m.group("elem"))
-    if elem_bits is None:
-        raise AbiError(f"TMA element type {m.group('elem')} has no recorded width")
-    dims = [int(placeholder_shape[mode]) for mode in modes]
-    strides = [int(placeholder_stride[mode]) * elem_bits // 8 for mode in modes]
-    if strides[0] * 8 != elem_bits:
-        raise AbiError(f"descriptor dim 0 of atom {t} is not the contiguous tensor mode")
-    return {
-        "dtype": fmt,
-        "dims": dims,
-        "strides": strides[1:],
-        "box": box,
-        "element_strides": [1] * len(box),
-        "swizzle": swizzle,
-        "interleave": "NONE",
-        "l2_promotion": l2_promotion,
-        "oob_fill": "NONE",
-    }
 
 
 class KernelArgs:

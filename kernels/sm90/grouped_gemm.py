@@ -41,7 +41,9 @@ from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
 
 from kernels import tables
-from kernels.abi import CompiledKernel, KernelArgs, swizzle_bytes, tma_geometry
+from kernels.abi import CompiledKernel, KernelArgs
+from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
+                                subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
 from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
@@ -108,7 +110,7 @@ class Sm90GroupedGemm:
         atom_sfa, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
 
         def geometry(atom: Any, shape: tuple, stride: tuple, smem: Any) -> dict:
-            return tma_geometry(atom, shape, stride, swizzle_bytes(smem, 8), "256B")
+            return subbyte_tma_geometry(atom, shape, stride, tma_swizzle(smem), "256B")
 
         packed_shape, packed_stride = (_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1)
         args.tma_template("tma_b", atom_b, "b",
@@ -476,14 +478,20 @@ def compile_kernel(config: Config, *, arch: str,
     symbols = list(compiled.kernel_info)
     if len(symbols) != 1:
         raise RuntimeError(f"expected exactly one kernel in the module, but got {symbols}")
+    # Record what the DSL's own launcher would use, and check it against the kernel's own view.
+    launch = lowered_launch(compiled)
+    block = ptx_reqntid(ptx, symbols[0])
+    if launch["dynamic_smem"] != gemm.smem_bytes or tuple(launch["block"]) != block:
+        raise RuntimeError(f"launcher uses smem {launch['dynamic_smem']} and block "
+                           f"{launch['block']}, the kernel expects {gemm.smem_bytes} and {block}")
     return CompiledKernel(
         symbol=symbols[0],
         cubin=cubin,
         ptx=ptx,
         params=gemm.args.params(),
-        block=(THREADS, 1, 1),
-        cluster=(1, 1, 1),
-        dynamic_smem=gemm.smem_bytes,
+        block=block,
+        cluster=ptx_cluster_dims(ptx, symbols[0]),
+        dynamic_smem=launch["dynamic_smem"],
         grid={"policy": "persistent", "ctas_per_sm": 1},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(tma.SETS * tma.MAPS_PER_SET),
