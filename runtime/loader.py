@@ -1,0 +1,295 @@
+"""Artifact loading: manifest, cubin checks, per-device functions with their ABI verified.
+
+Everything is lazy: `ArtifactStore(dir)` reads only the manifest; a kernel's cubin is read,
+hashed, arch-checked and loaded on its first use, and bound to a device (cuKernelGetFunction in
+that device's primary context) on its first use there. A corrupt or mismatched artifact is an
+ArtifactError naming the file or parameter, never a crash or a wrong answer (Runtime rules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ArtifactError, CudaError
+from .manifest import ARCH_CAPABILITY, KernelEntry, Manifest, load_manifest
+
+_ELF_MAGIC = b"\x7fELF"
+_EM_CUDA = 190
+# Beyond any real kernel (the driver caps parameters at 32764 bytes): stops a runaway loop.
+_MAX_PARAMS = 8192
+_SMEM_DEFAULT_LIMIT = 48 * 1024  # above this a kernel must opt in with a function attribute
+
+
+def cubin_arch(image: bytes) -> str:
+    """The SASS target of a cubin ('sm_90a', 'sm_100a', 'sm_90', ...) from its ELF header.
+
+    CUDA ELF e_flags come in two layouts, told apart by EI_ABIVERSION (byte 8):
+    - ABI 7 (ptxas 12.x/13.x for sm_90a and older): SM number in bits 0-7, the 'a' variant in
+      bit 11 (EF_CUDA_ACCELERATORS_V1 = 0x800).
+    - ABI 8 (Blackwell): SM number in bits 8-15, 'a' in bit 3 (EF_CUDA_ACCELERATORS = 0x8).
+    Checked on cubins from the DSL's ptxas (nvidia-cutlass-dsl 4.8.1): sm_90a 0x5a0d5a and
+    sm_90 0x5a055a (ABI 7); sm_100a 0x600640a, sm_100 and sm_100f 0x6006402 (ABI 8).
+    """
+    if len(image) < 64 or image[:4] != _ELF_MAGIC:
+        raise ValueError("not an ELF file")
+    if image[4] != 2 or image[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    (machine,) = struct.unpack_from("<H", image, 18)
+    if machine != _EM_CUDA:
+        raise ValueError(f"ELF machine must be {_EM_CUDA} (NVIDIA CUDA), but got {machine}")
+    (flags,) = struct.unpack_from("<I", image, 48)
+    if image[8] == 8:
+        sm, accel = (flags >> 8) & 0xFF, bool(flags & 0x8)
+    elif image[8] == 7:
+        sm, accel = flags & 0xFF, bool(flags & 0x800)
+    else:
+        raise ValueError(f"CUDA ELF ABI version must be 7 or 8, but got {image[8]}")
+    return f"sm_{sm}{'a' if accel else ''}"
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel bound to one device: the CUfunction to launch and what the driver reported."""
+
+    entry: KernelEntry
+    device: Any  # runtime.cuda.Device
+    function: Any  # driver.CUfunction, valid in device.context
+    num_regs: int
+    static_smem: int
+
+
+def _fmt_shapes(params: list[tuple[int, int]]) -> str:
+    return ", ".join(f"({o}, {s})" for o, s in params)
+
+
+def device_offsets(sizes_aligns: list[tuple[int, int]], residue: int) -> list[int]:
+    """Offsets the driver reports for parameters packed from an address `residue` mod 128.
+
+    cuFuncGetParamInfo gives offsets in the device-side layout, which starts at the constant
+    bank's parameter base, and that base is not 64-byte aligned on every arch: on the H200
+    (sm_90a) a first parameter with align 64 (a CUtensorMap) is reported at offset 48, not 0,
+    because the base sits 16 bytes past a 64-byte boundary. The PTX layout (and the
+    manifest's offsets) is the same (size, align) sequence packed from 0. kernelParams is
+    unaffected: it passes one pointer per parameter and the driver places each value.
+    """
+    out, at = [], residue
+    for size, align in sizes_aligns:
+        at = (at + align - 1) // align * align
+        out.append(at - residue)
+        at += size
+    return out
+
+
+def check_param_layout(entry: KernelEntry, actual: list[tuple[int, int]]) -> None:
+    """Compare the loaded kernel's (offset, size) per parameter with the manifest's ABI.
+
+    Checks that the manifest's offsets are its (size, align) sequence packed from 0, that the
+    count and every size agree with the cubin, and that the cubin's offsets are that same
+    sequence packed from some parameter-base residue (see `device_offsets`).
+    """
+    sa = [(p.size, p.align) for p in entry.params]
+    for i, (p, want) in enumerate(zip(entry.params, device_offsets(sa, 0), strict=True)):
+        if p.offset != want:
+            raise ArtifactError(
+                f"kernel {entry.name!r}: parameter {i} {p.name!r} must be at offset {want} "
+                f"(its size and alignment after the previous parameters), but the manifest "
+                f"records offset {p.offset}; the manifest is inconsistent, rebuild the artifacts"
+            )
+    for i, p in enumerate(entry.params):
+        if i >= len(actual):
+            raise ArtifactError(
+                f"kernel {entry.name!r}: the manifest records {len(entry.params)} parameters but "
+                f"the cubin's {entry.symbol} has {len(actual)}; first missing: params[{i}] "
+                f"{p.name!r} (offset {p.offset}, size {p.size}). Rebuild the artifacts."
+            )
+    if len(actual) > len(entry.params):
+        extra = actual[len(entry.params):]
+        raise ArtifactError(
+            f"kernel {entry.name!r}: the cubin's {entry.symbol} has {len(actual)} parameters but "
+            f"the manifest records {len(entry.params)}; extra (offset, size): {_fmt_shapes(extra)}."
+            " Rebuild the artifacts."
+        )
+    # Counts agree from here on.
+    got = [o for o, _ in actual]
+    best, best_prefix = 0, -1
+    for residue in range(0, 128, 4):
+        offsets = device_offsets(sa, residue)
+        prefix = next((i for i, (x, y) in enumerate(zip(offsets, got, strict=True)) if x != y),
+                      len(got))
+        if prefix > best_prefix:
+            best, best_prefix = residue, prefix
+    want = device_offsets(sa, best)
+    for i, (p, (offset, size)) in enumerate(zip(entry.params, actual, strict=True)):
+        if (want[i], p.size) != (offset, size):
+            raise ArtifactError(
+                f"kernel {entry.name!r}: parameter {i} {p.name!r} must be at offset {want[i]} "
+                f"with size {p.size} (manifest layout from a parameter base at {best} mod 128), "
+                f"but the cubin has offset {offset} and size {size}. The manifest's ABI does "
+                "not match the cubin; rebuild."
+            )
+
+
+class ArtifactStore:
+    """The manifest of an artifact directory and lazily loaded, verified kernels.
+
+    Thread-safe: first loads run under one lock and are re-checked after taking it; later
+    lookups are lock-free dict reads.
+    """
+
+    def __init__(self, artifact_dir: str | Path) -> None:
+        self.dir = Path(artifact_dir)
+        self.manifest: Manifest = load_manifest(self.dir)
+        self._lock = threading.RLock()
+        self._kernels: dict[str, Any] = {}  # entry name -> (CUlibrary, CUkernel)
+        self._bound: dict[tuple[str, int], LoadedKernel] = {}
+
+    @property
+    def kernels(self) -> tuple[KernelEntry, ...]:
+        return self.manifest.kernels
+
+    # ---------------------------------------------------------------- CPU-only checks
+
+    def read_cubin(self, entry: KernelEntry) -> bytes:
+        """The cubin's bytes after checking presence, size, sha256 and ELF arch."""
+        path = self.dir / entry.cubin
+        if not path.is_file():
+            raise ArtifactError(
+                f"cubin of kernel {entry.name!r} is missing: {path}; rebuild the artifacts with "
+                "`python build_kernels.py build` or restore the directory"
+            )
+        image = path.read_bytes()
+        digest = hashlib.sha256(image).hexdigest()
+        if digest != entry.sha256:
+            size = (f"; it has {len(image)} bytes, the manifest records {entry.cubin_bytes}"
+                    f"{' (truncated)' if len(image) < entry.cubin_bytes else ''}"
+                    if len(image) != entry.cubin_bytes else "")
+            raise ArtifactError(
+                f"cubin {path} of kernel {entry.name!r} has sha256 {digest}, but the manifest "
+                f"records {entry.sha256}{size}; the file is altered or truncated, rebuild it"
+            )
+        try:
+            arch = cubin_arch(image)
+        except ValueError as exc:
+            raise ArtifactError(f"cubin {path} of kernel {entry.name!r} is not a CUDA cubin: "
+                                f"{exc}") from exc
+        if arch != entry.arch:
+            raise ArtifactError(
+                f"cubin {path} of kernel {entry.name!r} must target {entry.arch} (manifest), "
+                f"but its ELF header says {arch}"
+            )
+        return image
+
+    # ---------------------------------------------------------------- driver side
+
+    def _library_kernel(self, entry: KernelEntry) -> Any:
+        """CUkernel of the entry: one context-independent library load serves every device."""
+        from cuda.bindings import driver
+
+        from . import cuda
+
+        k = self._kernels.get(entry.name)
+        if k is None:
+            image = self.read_cubin(entry)
+            cuda.init()
+            lib = cuda.check(driver.cuLibraryLoadData(image, None, None, 0, None, None, 0),
+                             f"cuLibraryLoadData({entry.cubin})")
+            try:
+                kernel = cuda.check(driver.cuLibraryGetKernel(lib, entry.symbol.encode()),
+                                    f"cuLibraryGetKernel({entry.symbol})")
+            except CudaError as exc:
+                raise ArtifactError(f"kernel {entry.name!r}: symbol {entry.symbol!r} is not in "
+                                    f"{self.dir / entry.cubin} ({exc})") from exc
+            # The library handle is kept with the kernel: unloading it would free the kernel.
+            k = (lib, kernel)
+            self._kernels[entry.name] = k
+        return k[1]
+
+    def kernel(self, entry: KernelEntry, device: Any) -> LoadedKernel:
+        """The entry's kernel loaded on `device` (runtime.cuda.Device), verified once."""
+        key = (entry.name, device.ordinal)
+        bound = self._bound.get(key)
+        if bound is not None:
+            return bound
+        with self._lock:
+            bound = self._bound.get(key)
+            if bound is None:
+                bound = self._bind(entry, device)
+                self._bound[key] = bound
+        return bound
+
+    def _bind(self, entry: KernelEntry, device: Any) -> LoadedKernel:
+        from cuda.bindings import driver
+
+        from . import cuda
+
+        want = ARCH_CAPABILITY[entry.arch]
+        if device.capability != want:
+            raise ArtifactError(
+                f"kernel {entry.name!r} is built for {entry.arch}, which needs compute capability "
+                f"{want[0]}.{want[1]}, but it was asked to run on {device.label}"
+            )
+        kernel = self._library_kernel(entry)
+        fa = driver.CUfunction_attribute
+        with cuda.current(device):
+            func = cuda.check(driver.cuKernelGetFunction(kernel), "cuKernelGetFunction")
+
+            def attr(a: Any) -> int:
+                return int(cuda.check(driver.cuFuncGetAttribute(a, func),
+                                      f"cuFuncGetAttribute({a.name})"))
+
+            static_smem = attr(fa.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+            total = entry.dynamic_smem + static_smem
+            if total > device.max_smem_optin:
+                raise ArtifactError(
+                    f"kernel {entry.name!r} needs {entry.dynamic_smem} B dynamic + {static_smem} B "
+                    f"static = {total} B of shared memory per block, but {device.label} allows "
+                    f"at most {device.max_smem_optin} B (opt-in limit)"
+                )
+            if entry.dynamic_smem > 0:
+                # Required above 48 KiB; harmless below. Set once per function (per device).
+                cuda.check(driver.cuFuncSetAttribute(
+                    func, fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.dynamic_smem),
+                    "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+            threads = entry.block[0] * entry.block[1] * entry.block[2]
+            max_threads = attr(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
+            if threads > max_threads:
+                raise ArtifactError(
+                    f"kernel {entry.name!r} launches {threads} threads per block "
+                    f"(block {entry.block}), but the loaded function allows at most {max_threads}"
+                )
+            cluster = entry.cluster[0] * entry.cluster[1] * entry.cluster[2]
+            if cluster > 8:  # portable cluster size limit
+                cuda.check(driver.cuFuncSetAttribute(
+                    func, fa.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1),
+                    "cuFuncSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)")
+            check_param_layout(entry, param_layout(func))
+            num_regs = attr(fa.CU_FUNC_ATTRIBUTE_NUM_REGS)
+        return LoadedKernel(entry=entry, device=device, function=func, num_regs=num_regs,
+                            static_smem=static_smem)
+
+
+def param_layout(func: Any) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter of a loaded function.
+
+    cuFuncGetParamCount is missing on driver 580, so walk cuFuncGetParamInfo until it reports
+    an invalid index (CUDA_ERROR_INVALID_VALUE). Any other error on the first index means the
+    driver cannot answer at all, which is reported rather than read as "no parameters".
+    """
+    from cuda.bindings import driver
+
+    from . import cuda
+
+    out: list[tuple[int, int]] = []
+    for i in range(_MAX_PARAMS):
+        err, offset, size = driver.cuFuncGetParamInfo(func, i)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            if err != driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                raise CudaError(f"cuFuncGetParamInfo(index {i})", int(err), cuda.error_name(err))
+            break
+        out.append((int(offset), int(size)))
+    return out

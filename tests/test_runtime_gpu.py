@@ -1,0 +1,329 @@
+"""GPU tests of the runtime's driver side, against the artifacts in $NVFP4_ARTIFACTS
+(default: <repo>/artifacts). Skipped without a GPU, a manifest, or a kernel for this GPU's arch.
+
+These check loading (parameter ABI against cuFuncGetParamInfo, arch refusal, tampering), that
+every kernel launches and writes every output element, graphs, streams, threads and devices,
+and that no `cutlass` is imported. Value correctness against the float64 reference is tested
+separately; here results are compared with the same kernel's eager results, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import runtime
+from runtime.errors import ArtifactError, InputError, NoKernelError
+from runtime.manifest import KernelEntry
+from runtime.validate import blocked_scale_numel
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("NVFP4_ARTIFACTS", REPO / "artifacts"))
+FP4 = torch.float4_e2m1fn_x2
+E4M3_ONE_TWO = torch.tensor([0x38, 0x40], dtype=torch.uint8)  # e4m3 bytes of 1.0 and 2.0
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def gg() -> runtime.GroupedGemm:
+    if not (ARTIFACTS / "manifest.json").is_file():
+        pytest.skip(f"no artifacts at {ARTIFACTS} (set NVFP4_ARTIFACTS)")
+    return runtime.load(ARTIFACTS)
+
+
+@pytest.fixture(scope="module")
+def entries(gg: runtime.GroupedGemm) -> list[KernelEntry]:
+    arch = gg._runtime(0).arch
+    found = [e for e in gg.kernels if e.arch == arch]
+    if not found:
+        pytest.skip(f"no kernel in {ARTIFACTS} targets this GPU ({arch})")
+    return found
+
+
+def shapes_for(e: KernelEntry, rng: random.Random) -> tuple[tuple[int, int, int], ...]:
+    groups = e.constraints["groups"]
+    if not e.constraints.get("dynamic_m"):
+        return tuple(tuple(g) for g in groups)
+    top = min(e.constraints.get("max_m") or 300, 300)
+    return tuple((rng.choice([0, 1, 7, rng.randint(0, top)]), n, k) for n, k in groups)
+
+
+def make_inputs(shapes, device, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    a, b, sfa, sfb = [], [], [], []
+    for m, n, k in shapes:
+        a.append(torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=gen))
+        b.append(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen))
+        for rows, dst in ((m, sfa), (n, sfb)):
+            idx = torch.randint(0, 2, (blocked_scale_numel(rows, k),), generator=gen)
+            dst.append(E4M3_ONE_TWO[idx])
+    a = [t.to(device).view(FP4) for t in a]
+    b = [t.to(device).view(FP4) for t in b]
+    sfa = [t.to(device).view(torch.float8_e4m3fn) for t in sfa]
+    sfb = [t.to(device).view(torch.float8_e4m3fn) for t in sfb]
+    return a, b, sfa, sfb
+
+
+def poisoned(shapes, device):
+    return [torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
+            for m, n, _ in shapes]
+
+
+def same_bits(x: list[torch.Tensor], y: list[torch.Tensor]) -> bool:
+    return all(torch.equal(p.view(torch.int16), q.view(torch.int16)) for p, q in zip(x, y,
+                                                                                    strict=True))
+
+
+# ------------------------------------------------------------------ loading
+
+
+def test_preload_checks_every_kernel_abi_with_param_info(gg, entries) -> None:
+    from runtime.loader import check_param_layout, param_layout
+
+    assert gg.preload() == [e.name for e in entries]
+    rt = gg._runtime(0)
+    for e in entries:
+        layout = param_layout(rt.prepared(e).loaded.function)
+        assert [size for _, size in layout] == [p.size for p in e.params]
+        check_param_layout(e, layout)
+
+
+def test_tampered_abi_is_an_artifact_error(gg, entries, tmp_path: Path) -> None:
+    shutil.copytree(ARTIFACTS, tmp_path / "art")
+    path = tmp_path / "art" / "manifest.json"
+    obj = json.loads(path.read_text())
+    k = next(k for k in obj["kernels"] if k["name"] == entries[0].name)
+    last = k["params"][-1]
+    last["offset"] += last["align"]  # still a valid slot, no longer the cubin's
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ArtifactError, match=rf"parameter {len(k['params']) - 1} "
+                                            rf"'{last['name']}' must be at offset"):
+        runtime.load(tmp_path / "art").preload()
+
+
+def test_kernel_for_another_arch_is_refused(gg, entries) -> None:
+    rt = gg._runtime(0)
+    other = "sm_100a" if rt.arch == "sm_90a" else "sm_90a"
+    e = dataclasses.replace(entries[0], name="other-arch", arch=other)
+    with pytest.raises(ArtifactError, match=f"is built for {other}, which needs compute "
+                                            "capability"):
+        gg.store.kernel(e, rt.device)
+
+
+# ------------------------------------------------------------------ launching
+
+
+def test_every_kernel_writes_every_output_deterministically(gg, entries) -> None:
+    rng = random.Random(0)
+    for e in entries:
+        shapes = shapes_for(e, rng)
+        a, b, sfa, sfb = make_inputs(shapes, "cuda", seed=1)
+        out1 = gg.grouped_gemm(a, b, sfa, sfb, out=poisoned(shapes, "cuda"))
+        out2 = gg.grouped_gemm(a, b, sfa, sfb)
+        torch.cuda.synchronize()
+        for g, c in enumerate(out1):
+            assert not c.isnan().any(), f"{e.name}: out[{g}] has unwritten (NaN) elements"
+        assert same_bits(out1, out2), e.name
+
+
+def test_toy_kernel_values(gg, entries) -> None:
+    """With the toy artifacts (tests/toy_kernel.py), every element is checked exactly: the
+    tables, pointers and persistent tile walk are right for exact and dynamic-m sets, m = 0,
+    m not a multiple of the tile, and more tiles than CTAs."""
+    from toy_kernel import expected
+
+    toys = [e for e in entries if e.family == "toy"]
+    if not toys:
+        pytest.skip("not the toy artifacts")
+    rng = random.Random(6)
+    cases = []
+    for e in toys:
+        if e.constraints.get("dynamic_m"):
+            nk = e.constraints["groups"]
+            cases += [tuple((m, n, k) for m, (n, k) in zip(ms, nk, strict=True)) for ms in (
+                [rng.choice([0, 1, 5, 129, rng.randint(0, 700)]) for _ in nk] for _ in range(6))]
+            cases.append(tuple((2000 + 37 * i, n, k) for i, (n, k) in enumerate(nk)))
+        else:
+            cases.append(shapes_for(e, rng))
+    for i, shapes in enumerate(cases):
+        args = make_inputs(shapes, "cuda", 50 + i)
+        got = gg.grouped_gemm(*args, out=poisoned(shapes, "cuda"))
+        want = expected(shapes, *args)
+        torch.cuda.synchronize()
+        assert same_bits(got, want), shapes
+
+
+def test_launch_imports_no_cutlass() -> None:
+    code = f"""
+import sys, torch, runtime
+sys.path.insert(0, {str(REPO / 'tests')!r})
+from test_runtime_gpu import make_inputs, shapes_for
+import random
+gg = runtime.load({str(ARTIFACTS)!r})
+arch = gg._runtime(0).arch
+for e in [e for e in gg.kernels if e.arch == arch]:
+    shapes = shapes_for(e, random.Random(0))
+    gg.grouped_gemm(*make_inputs(shapes, "cuda", 0))
+torch.cuda.synchronize()
+bad = [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]
+assert not bad, bad
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().endswith("ok")
+
+
+def test_unbuilt_shapes_raise_and_launch_nothing(gg, entries) -> None:
+    shapes = ((8, 128, 256),)
+    a, b, sfa, sfb = make_inputs(shapes, "cuda", 0)
+    out = poisoned(shapes, "cuda")
+    with pytest.raises(NoKernelError, match=r"Built kernels"):
+        gg.grouped_gemm(a, b, sfa, sfb, out=out)
+    torch.cuda.synchronize()
+    assert out[0].isnan().all()
+
+
+def test_bad_inputs_on_gpu_raise_before_launch(gg, entries) -> None:
+    e = entries[0]
+    shapes = shapes_for(e, random.Random(1))
+    a, b, sfa, sfb = make_inputs(shapes, "cuda", 0)
+    with pytest.raises(InputError, match=r"^b_list\[0\] must be a CUDA tensor, but got a tensor "
+                                         r"on cpu$"):
+        gg.grouped_gemm(a, [b[0].cpu()] + b[1:], sfa, sfb)
+    m, n, k = shapes[0]
+    if m > 0:
+        raw = torch.empty(m * k // 2 + 16, dtype=torch.uint8, device="cuda")
+        shifted = raw[8:8 + m * k // 2].view(m, k // 2).view(FP4)
+        with pytest.raises(InputError, match=r"^a_list\[0\] must start at a 16-byte aligned"):
+            gg.grouped_gemm([shifted] + a[1:], b, sfa, sfb)
+        alias = b[0].view(torch.uint8).view(-1)[: m * n * 2].view(torch.float16).view(m, n) \
+            if n * (k // 2) >= m * n * 2 else None
+        if alias is not None:
+            out = poisoned(shapes, "cuda")
+            out[0] = alias
+            with pytest.raises(InputError, match=r"^out\[0\] must not overlap any other "
+                                                 r"argument, but it overlaps b_list\[0\]$"):
+                gg.grouped_gemm(a, b, sfa, sfb, out=out)
+
+
+def test_all_m_zero_launches_nothing(gg, entries) -> None:
+    dyn = [e for e in entries if e.constraints.get("dynamic_m")]
+    if not dyn:
+        pytest.skip("no dynamic-m kernel in the artifacts")
+    shapes = tuple((0, n, k) for n, k in dyn[0].constraints["groups"])
+    out = gg.grouped_gemm(*make_inputs(shapes, "cuda", 0))
+    assert [tuple(c.shape) for c in out] == [(0, n) for _, n, _ in shapes]
+
+
+def test_context_and_current_device_are_preserved(gg, entries) -> None:
+    from cuda.bindings import driver
+
+    shapes = shapes_for(entries[0], random.Random(2))
+    args = make_inputs(shapes, "cuda", 0)
+    before = (torch.cuda.current_device(), int(driver.cuCtxGetCurrent()[1]))
+    gg.grouped_gemm(*args)
+    assert (torch.cuda.current_device(), int(driver.cuCtxGetCurrent()[1])) == before
+
+
+# ------------------------------------------------------------------ graphs, streams, threads
+
+
+def test_graph_replay_matches_eager_with_new_data(gg, entries) -> None:
+    e = entries[0]
+    shapes = shapes_for(e, random.Random(3))
+    static = make_inputs(shapes, "cuda", 10)
+    out = poisoned(shapes, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        gg.grouped_gemm(*static, out=out)  # warm-up (loads, plans, tables) off the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gg.grouped_gemm(*static, out=out)
+    for seed in (11, 12):
+        fresh = make_inputs(shapes, "cuda", seed)
+        for dst, src in zip(static, fresh, strict=True):
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)
+        for c in out:
+            c.fill_(float("nan"))
+        graph.replay()
+        expect = gg.grouped_gemm(*fresh)
+        torch.cuda.synchronize()
+        assert same_bits(out, expect), f"seed {seed}"
+
+
+def test_threads_and_streams_do_not_share_launch_state(gg, entries) -> None:
+    e = entries[0]
+    n_threads, n_streams, iters = 8, 4, 3
+    rng = random.Random(4)
+    jobs = []
+    for t in range(n_threads):
+        shapes = shapes_for(e, rng)
+        args = make_inputs(shapes, "cuda", 100 + t)
+        jobs.append((shapes, args, gg.grouped_gemm(*args)))
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(n_streams)]
+    results: dict[int, list] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def work(t: int) -> None:
+        try:
+            shapes, args, _ = jobs[t]
+            s = streams[t % n_streams]
+            outs = []
+            barrier.wait()
+            with torch.cuda.stream(s):
+                for _ in range(iters):
+                    outs.append(gg.grouped_gemm(*args, out=poisoned(shapes, "cuda")))
+            s.synchronize()
+            results[t] = outs
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for t, (_, _, expect) in enumerate(jobs):
+        for i, got in enumerate(results[t]):
+            assert same_bits(got, expect), f"thread {t} iteration {i}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device_launches_there(gg, entries) -> None:
+    shapes = shapes_for(entries[0], random.Random(5))
+    args0 = make_inputs(shapes, "cuda:0", 7)
+    args1 = make_inputs(shapes, "cuda:1", 7)
+    expect = gg.grouped_gemm(*args0)
+    assert torch.cuda.current_device() == 0
+    got = gg.grouped_gemm(*args1)
+    assert all(c.device == torch.device("cuda:1") for c in got)
+    assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert same_bits([c.to("cuda:0") for c in got], expect)
+    mixed = list(args0[1])
+    mixed[0] = args1[1][0]
+    with pytest.raises(InputError, match=r"^b_list\[0\] must be on cuda:0 \(the device of "
+                                         r"a_list\[0\]\), but got cuda:1$"):
+        gg.grouped_gemm(args0[0], mixed, args0[2], args0[3])
