@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""Build, list, verify and merge ahead-of-time NVFP4 grouped-GEMM artifacts.
+
+Runs on a machine with no GPU. Only the worker subprocesses import the CuTe DSL, each with
+CUTE_DSL_ARCH pinned before the import; this process stays light so that a no-op build is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from builder.errors import BuilderError, SpecError
+
+EPILOG = """\b
+Examples:
+  python build_kernels.py                       build shapes.yaml into artifacts/
+  python build_kernels.py build -j 8 --force    rebuild everything, 8 workers
+  python build_kernels.py build --only moe_down --out /tmp/moe
+  python build_kernels.py build --shard 0/2 --out shard0    (CI machine 1)
+  python build_kernels.py build --shard 1/2 --out shard1    (CI machine 2)
+  python build_kernels.py merge artifacts shard0 shard1
+  python build_kernels.py list artifacts
+  python build_kernels.py verify artifacts
+
+\b
+Exit codes: 0 ok, 1 build or verify failed, 2 invalid shapes.yaml or arguments.
+\b
+Environment:
+  NVFP4_BUILD_FAMILIES  module that defines FAMILIES (default kernels.families); for tests
+  CUTE_DSL_ARCH         set per worker by the builder; any value you set is overridden
+"""
+
+
+class DefaultGroup(click.Group):
+    """A group whose command defaults to `build`: `build_kernels.py --force` builds."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0].startswith("-") and args[0] not in ("--help", "-h")):
+            args = ["build", *args]
+        return super().parse_args(ctx, args)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _default_jobs() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@click.group(cls=DefaultGroup, epilog=EPILOG, context_settings={"max_content_width": 100})
+def main() -> None:
+    """Ahead-of-time NVFP4 grouped-GEMM artifact builder (default command: build)."""
+
+
+class _Progress:
+    """A progress bar on a terminal, one line per finished kernel otherwise (CI logs)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.todo = self.done = 0
+
+    def plan(self, todo: int, reused: int) -> None:
+        self.todo = todo
+        if not todo:
+            return
+        click.echo(f"compiling {todo} kernel(s), reusing {reused}", err=True)
+        if self.tty:
+            self.bar = click.progressbar(length=todo, label="compiling", file=sys.stderr,
+                                         show_pos=True, item_show_func=lambda s: s)
+            self.bar.__enter__()
+
+    def result(self, r: Any) -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1, r.item.name)
+            return
+        what = (f"compiled in {r.compile_seconds:.1f} s" if r.ok
+                else f"FAILED ({(r.error or {}).get('type')})")
+        click.echo(f"[{self.done}/{self.todo}] {r.item.name}: {what}", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+@main.command(short_help="Compile shapes.yaml into cubins + manifest.json.")
+@click.option("--spec", "spec_path", default="shapes.yaml", show_default=True,
+              type=click.Path(dir_okay=False), help="Shape sets to build.")
+@click.option("--out", default="artifacts", show_default=True, type=click.Path(file_okay=False),
+              help="Artifact directory; replaced atomically, and afterwards holds exactly the "
+                   "selected kernels.")
+@click.option("--jobs", "-j", default=_default_jobs(), show_default="CPU count", type=int,
+              help="Worker subprocesses at once (one arch each; an arch is split when N is "
+                   "larger than the number of archs).")
+@click.option("--shard", default=None, metavar="I/N",
+              help="Build only shard I of N (0-based) of the sorted kernel list.")
+@click.option("--force", is_flag=True, help="Recompile every kernel, reusing nothing.")
+@click.option("--only", multiple=True, metavar="SET", help="Build only this set (repeatable).")
+@click.option("--keep-going", is_flag=True,
+              help="Compile every kernel even after one fails (default: stop at the first).")
+@click.option("--lock-timeout", default=300.0, show_default=True, type=float,
+              help="Seconds to wait for another build writing the same --out.")
+def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
+          only: tuple[str, ...], keep_going: bool, lock_timeout: float) -> None:
+    """Compile shapes.yaml into cubins + manifest.json (incremental, atomic)."""
+    from builder.build import BuildFailed
+    from builder.build import build as run_build
+    from builder.families import load_families
+    from builder.plan import expand, parse_shard
+    from builder.plan import shard as take_shard
+    from builder.report import summary_table
+    from builder.spec import load_spec
+
+    if jobs < 1:
+        _fail(f"--jobs must be >= 1, but got {jobs}", 2)
+    try:
+        index_count = parse_shard(shard) if shard is not None else None
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    try:
+        families = load_families()
+        spec = load_spec(spec_path, families)
+    except SpecError as exc:
+        _fail(str(exc), 2)
+    except BuilderError as exc:
+        _fail(str(exc), 1)
+    unknown = [s for s in only if s not in spec.set_names()]
+    if unknown:
+        _fail(f"--only must name sets of {spec_path}, but got {unknown}; sets: "
+              f"{', '.join(spec.set_names())}", 2)
+    items = expand(spec, families, only)
+    if index_count is not None:
+        items = take_shard(items, *index_count)
+
+    progress = _Progress()
+    try:
+        report = run_build(items, Path(out), families, jobs=jobs, force=force,
+                           keep_going=keep_going, lock_timeout=lock_timeout,
+                           on_result=progress.result, on_plan=progress.plan)
+    except BuildFailed as exc:
+        progress.close()
+        _fail(str(exc), 1)
+    except BuilderError as exc:
+        progress.close()
+        _fail(str(exc), 1)
+    progress.close()
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
+    if report.rows:
+        click.echo(summary_table(report.rows))
+    compiled = sum(r.status == "compiled" for r in report.rows)
+    state = "written" if report.changed else "already up to date"
+    click.echo(f"{out}: {len(report.rows)} kernel(s), {compiled} compiled, "
+               f"{len(report.rows) - compiled} reused; {state}")
+
+
+@main.command(name="list")
+@click.argument("directory", default="artifacts", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def list_cmd(directory: str, as_json: bool) -> None:
+    """List the kernels of an artifact directory."""
+    from builder.report import list_rows, list_table
+    from runtime.errors import ManifestError
+    from runtime.manifest import load_manifest
+
+    try:
+        manifest = load_manifest(directory)
+    except ManifestError as exc:
+        _fail(str(exc), 1)
+    if as_json:
+        click.echo(json.dumps(list_rows(manifest.kernels), indent=1))
+    else:
+        click.echo(list_table(manifest.kernels))
+
+
+@main.command(short_help="Re-check an artifact directory.")
+@click.argument("directory", type=click.Path(file_okay=False))
+def verify(directory: str) -> None:
+    """Re-check schema, sha256, ELF arch and symbol of every cubin, and stray files."""
+    from builder.verify import verify_dir
+
+    problems = verify_dir(Path(directory))
+    if problems:
+        click.echo(f"{directory}: {len(problems)} problem(s):", err=True)
+        for p in problems:
+            click.echo(f"  {p}", err=True)
+        sys.exit(1)
+    from runtime.manifest import load_manifest
+
+    n = len(load_manifest(directory).kernels)
+    click.echo(f"{directory}: ok ({n} kernel(s); every cubin matches its sha256, arch and symbol)")
+
+
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
+@click.option("--lock-timeout", default=300.0, show_default=True, type=float)
+def merge(out: str, dirs: tuple[str, ...], lock_timeout: float) -> None:
+    """Combine shard artifact directories DIRS into OUT."""
+    from builder.build import merge as run_merge
+
+    try:
+        manifest = run_merge(Path(out), [Path(d) for d in dirs], lock_timeout)
+    except BuilderError as exc:
+        _fail(str(exc), 1)
+    click.echo(f"{out}: merged {len(manifest.kernels)} kernel(s) from {len(dirs)} director"
+               f"{'y' if len(dirs) == 1 else 'ies'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Replace an artifact directory atomically, one writer at a time.
+
+A build writes a complete new directory next to the target (same filesystem, so renames are
+atomic), then swaps it in. On Linux the swap is one renameat2(RENAME_EXCHANGE): at every instant
+the target path is either the whole old directory or the whole new one. Where that call is
+missing, it is two renames, and a run that dies between them leaves `.<name>.old-*`, which the
+next build (under the lock) renames back. Readers never see a half-written directory; a failed
+or killed build leaves the old one byte-identical.
+
+Siblings of `<parent>/<name>`: `.<name>.lock` (flock; kept, since deleting a lock file races
+with its next user), `.<name>.tmp-*` (a build in progress) and `.<name>.old-*` (a swap).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import BuildError
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+class DirLock:
+    """Exclusive flock on `.<name>.lock` next to the target; waits up to `timeout` seconds."""
+
+    def __init__(self, target: Path, timeout: float) -> None:
+        self.target = target
+        self.path = target.parent / f".{target.name}.lock"
+        self.timeout = timeout
+        self.fd: int | None = None
+
+    def __enter__(self) -> DirLock:  # noqa: PYI034 - Self needs Python 3.11
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(fd)
+                    raise BuildError(
+                        f"another build is writing {self.target} (lock {self.path} held by pid "
+                        f"{holder}); waited {self.timeout:g} s. Wait for it to finish, or raise "
+                        "--lock-timeout") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def recover(target: Path) -> None:
+    """Undo an interrupted two-rename swap and delete leftovers of killed builds. Call it only
+    while holding the lock: then no other build owns these directories."""
+    olds = sorted(target.parent.glob(f".{target.name}.old-*"))
+    if olds and not target.exists():
+        os.rename(olds[-1], target)
+        olds = olds[:-1]
+    for leftover in [*olds, *target.parent.glob(f".{target.name}.tmp-*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def staging_dir(target: Path) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    # mkdtemp makes it 0700; the installed directory should get the usual umask permissions.
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o777 & ~mask)
+    return path
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths; False where the kernel or filesystem cannot."""
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
+def swap_in(staging: Path, target: Path) -> None:
+    """Make `staging` the target directory; the old target is deleted afterwards."""
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    if _exchange(staging, target):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the old directory
+        return
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    os.rename(target, old)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def check_replaceable(target: Path, manifest_name: str) -> None:
+    """Refuse to replace a directory the builder did not write: `--out .` must not delete a
+    checkout."""
+    if target.exists() and not target.is_dir():
+        raise BuildError(f"{target} exists and is not a directory")
+    if target.is_dir() and any(target.iterdir()) and not (target / manifest_name).is_file():
+        raise BuildError(f"{target} is not empty and holds no {manifest_name}, so it is not an "
+                         "artifact directory; refusing to replace it. Pick another --out")

@@ -1,0 +1,148 @@
+"""Build and merge: plan -> reuse -> compile in workers -> assemble -> verify -> swap in.
+
+Under the directory lock: read the previous manifest, reuse every item whose key has an entry
+with an intact cubin, compile the rest in worker subprocesses, assemble the new directory next
+to the target, verify it and swap it in. If nothing needs compiling and the manifest would be
+byte-identical, nothing is written and no worker (no `import cutlass`) is started: a no-op run
+costs a YAML parse, a source fingerprint and a sha256 per cubin.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.manifest import MANIFEST_NAME, KernelEntry, Manifest
+
+from . import artifacts, atomic
+from .errors import BuildError
+from .families import Families
+from .plan import BUILDER_VERSION, BuildItem, dsl_version
+from .runner import ItemResult, run_workers
+from .verify import verify_dir
+
+
+@dataclass
+class Row:
+    """One line of the build summary."""
+
+    name: str
+    arch: str
+    acc_stages: int
+    cubin_bytes: int
+    dynamic_smem: int
+    compile_seconds: float | None  # None: reused
+    status: str  # "compiled" or "reused"
+
+
+@dataclass
+class BuildReport:
+    rows: list[Row]
+    changed: bool  # False when the directory was already up to date and left untouched
+    notes: list[str] = field(default_factory=list)
+
+
+class BuildFailed(BuildError):
+    """One or more kernels failed; the artifact directory was left unchanged."""
+
+    def __init__(self, failures: list[ItemResult], skipped: int, total: int, out: Path) -> None:
+        self.failures, self.skipped = failures, skipped
+        lines = [f"build failed: {len(failures)} of {total} kernels failed"
+                 + (f", {skipped} not attempted" if skipped else "")
+                 + f"; {out} was left unchanged"]
+        for r in failures:
+            err = r.error or {}
+            lines.append(f"  {r.item.name} ({r.item.describe()}): {err.get('type')}: "
+                         f"{err.get('message')}")
+            # Our own errors say everything; anything else needs the traceback to be fixed.
+            if err.get("type") != "BuildError" and err.get("traceback"):
+                lines += ["    " + t for t in err["traceback"].splitlines()]
+        super().__init__("\n".join(lines))
+
+
+def _install(staging: Path, target: Path, manifest: Manifest) -> None:
+    artifacts.write_manifest(staging, manifest)  # last: it marks the directory complete
+    problems = verify_dir(staging)
+    if problems:
+        raise BuildError("the new artifact directory failed verification, so it was not "
+                         "installed:\n  " + "\n  ".join(problems))
+    atomic.swap_in(staging, target)
+
+
+def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 1,
+          force: bool = False, keep_going: bool = False, lock_timeout: float = 60.0,
+          on_result: Callable[[ItemResult], None] = lambda r: None,
+          on_plan: Callable[[int, int], None] = lambda todo, reused: None) -> BuildReport:
+    """Build `items` into `out`, which afterwards holds exactly these kernels."""
+    target = out.resolve()
+    with atomic.DirLock(target, lock_timeout):
+        atomic.recover(target)
+        atomic.check_replaceable(target, MANIFEST_NAME)
+        old, note = artifacts.read_existing(target)
+        notes = [note] if note else []
+        reuse = {} if force else artifacts.reusable(old, target)
+        entries: dict[str, KernelEntry] = {}
+        rows: dict[str, Row] = {}
+        todo = []
+        for it in items:
+            if it.key in reuse:
+                entries[it.name] = e = artifacts.reused_entry(it, reuse[it.key])
+                rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
+                                    e.dynamic_smem, None, "reused")
+            else:
+                todo.append(it)
+        on_plan(len(todo), len(items) - len(todo))
+        manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version())
+        if not todo and old is not None:
+            current = (target / MANIFEST_NAME).read_text()
+            if artifacts.manifest_text(manifest, str(target)) == current \
+                    and not verify_dir(target):
+                return BuildReport([rows[it.name] for it in items], changed=False, notes=notes)
+
+        staging = atomic.staging_dir(target)
+        try:
+            for it in items:
+                if it.name in entries:
+                    src = target / reuse[it.key].cubin
+                    artifacts.copy_cubin(src, staging, entries[it.name].cubin)
+            if todo:
+                work = staging / ".work"
+                results = run_workers(todo, work, families, jobs, keep_going, on_result)
+                failures = [r for r in results if not r.ok and not r.skipped]
+                if failures:
+                    raise BuildFailed(failures, sum(r.skipped for r in results), len(items), out)
+                for r in results:
+                    it = r.item
+                    e = artifacts.new_entry(it, r.kernel, r.sha256, r.cubin_bytes)
+                    artifacts.copy_cubin(r.cubin, staging, e.cubin)
+                    entries[it.name] = e
+                    rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
+                                        e.dynamic_smem, r.compile_seconds, "compiled")
+                shutil.rmtree(work)
+            manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION,
+                                               dsl_version())
+            _install(staging, target, manifest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return BuildReport([rows[it.name] for it in items], changed=True, notes=notes)
+
+
+def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0) -> Manifest:
+    """Combine shard directories into `out` (atomically, like a build)."""
+    manifest, sources = artifacts.merge_manifests(dirs)
+    target = out.resolve()
+    with atomic.DirLock(target, lock_timeout):
+        atomic.recover(target)
+        atomic.check_replaceable(target, MANIFEST_NAME)
+        staging = atomic.staging_dir(target)
+        try:
+            for d, e in sources:
+                artifacts.copy_cubin(d / e.cubin, staging, e.cubin)
+            _install(staging, target, manifest)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return manifest

@@ -1,0 +1,189 @@
+"""Expand a ShapeSpec into a sorted list of plain-data build items, each with a content key.
+
+An item is everything a worker needs to compile one kernel, as data (no closures), so a build
+can be listed, sharded, shipped to a subprocess as JSON and compared with a previous manifest.
+
+The key is a sha256 over every input that can change the cubin or what the manifest records
+about it: the family's kernel sources (every file under its directory, every shared file
+under kernels/ such as the ABI recorder and family table, and the manifest schema), every
+installed nvidia-cutlass-dsl* distribution version, the Python major.minor, the arch, acc
+stages, full config options and groups, and BUILDER_VERSION.
+The set name is left out on purpose: two sets with the same shapes produce the same cubin.
+Paths enter the hash relative to their package, so two checkouts (CI shards) agree on keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .families import DEFAULT_MODULE, Families, load_families
+from .spec import ShapeSpec
+
+# Bump when the builder changes what it records for a kernel (entry fields, ABI checks), so
+# that every existing artifact is rebuilt rather than silently reused.
+BUILDER_VERSION = "1"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+KERNELS_DIR = REPO_ROOT / "kernels"
+# Outside kernels/ but shared by every family: the schema the recorded ABI must fit.
+COMMON_SOURCES = ("runtime/manifest.py",)
+DSL_PREFIX = "nvidia-cutlass-dsl"
+
+
+@dataclass(frozen=True)
+class BuildItem:
+    set: str
+    arch: str
+    family: str
+    acc_stages: int
+    options: tuple[tuple[str, Any], ...]  # every config field except acc_stages, sorted
+    groups: tuple[tuple[int, int, int], ...]
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.set}.{self.arch}.acc{self.acc_stages}"
+
+    def describe(self) -> str:
+        return f"set {self.set}, arch {self.arch}, acc stages {self.acc_stages}"
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"set": self.set, "arch": self.arch, "family": self.family,
+                "acc_stages": self.acc_stages, "options": self.options_dict(),
+                "groups": [list(g) for g in self.groups], "key": self.key}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BuildItem:
+        return cls(set=d["set"], arch=d["arch"], family=d["family"],
+                   acc_stages=int(d["acc_stages"]), options=tuple(sorted(d["options"].items())),
+                   groups=tuple(tuple(int(x) for x in g) for g in d["groups"]), key=d["key"])
+
+
+# --------------------------------------------------------------------------------------------
+# Fingerprints
+# --------------------------------------------------------------------------------------------
+
+
+def dsl_versions() -> dict[str, str]:
+    """Every installed nvidia-cutlass-dsl* distribution: the libs wheels are versioned apart."""
+    out = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name.startswith(DSL_PREFIX):
+            out[name] = dist.version
+    return dict(sorted(out.items()))
+
+
+def dsl_version() -> str:
+    return dsl_versions().get(DSL_PREFIX, "none")
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def _tree_files(root: Path) -> list[Path]:
+    # Caches and hidden files (editor swap files) must not change the key.
+    return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and not any(part.startswith(".") for part in p.relative_to(root).parts)
+                  and p.suffix != ".pyc")
+
+
+def _family_root(family: Any) -> Path:
+    return Path(family.config.__file__).resolve().parent
+
+
+def family_sources(family: Any, families: Families) -> list[tuple[str, Path]]:
+    """(label, path) of every source file a family's cubins depend on: its own directory, and
+    everything else under kernels/ except the other families' directories (kernels/abi.py,
+    kernels/families.py and any shared helper added later), plus COMMON_SOURCES."""
+    root = _family_root(family)
+    files = [(f"{family.name}/{p.relative_to(root).as_posix()}", p) for p in _tree_files(root)]
+    spec = importlib.util.find_spec(family.compile_module)  # imports parent packages only
+    if spec is not None and spec.origin:
+        origin = Path(spec.origin).resolve()
+        if root not in origin.parents:
+            files.append((family.compile_module, origin))
+    # Other families' directories are theirs, including the default families' when a test
+    # injects fake ones (their sources must not change the fake kernels' keys).
+    fams = [*families.by_arch.values()]
+    if families.module != DEFAULT_MODULE:
+        fams += load_families(DEFAULT_MODULE).by_arch.values()
+    others = {_family_root(f) for f in fams} - {root}
+    for p in _tree_files(KERNELS_DIR):
+        if not any(o == p or o in p.parents for o in others) and root not in p.parents:
+            files.append((f"kernels/{p.relative_to(KERNELS_DIR).as_posix()}", p))
+    files += [(rel, REPO_ROOT / rel) for rel in COMMON_SOURCES]
+    mod_file = families.module_file()
+    if not mod_file.is_relative_to(KERNELS_DIR):
+        files.append((families.module, mod_file))
+    return files
+
+
+def fingerprint(files: list[tuple[str, Path]]) -> str:
+    h = hashlib.sha256()
+    for label, path in files:
+        data = path.read_bytes()
+        h.update(f"{label}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def item_key(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Expansion, selection, sharding
+# --------------------------------------------------------------------------------------------
+
+
+def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> list[BuildItem]:
+    """One item per (set, arch, acc stage), sorted by kernel name (the manifest's order)."""
+    env = {"builder": BUILDER_VERSION, "python": python_version(), "dsl": dsl_versions()}
+    prints: dict[str, str] = {}
+    items = []
+    for s in spec.sets:
+        if only and s.name not in only:
+            continue
+        for build in s.builds:
+            family = families.family_for(build.arch)
+            if family.name not in prints:
+                prints[family.name] = fingerprint(family_sources(family, families))
+            for acc in build.acc_stages:
+                cfg = dataclasses.asdict(family.make_config(acc, build.options_dict()))
+                options = tuple(sorted((k, v) for k, v in cfg.items() if k != "acc_stages"))
+                inputs = {**env, "sources": prints[family.name], "arch": build.arch,
+                          "family": family.name, "acc_stages": acc, "options": dict(options),
+                          "groups": [list(g) for g in s.groups]}
+                items.append(BuildItem(set=s.name, arch=build.arch, family=family.name,
+                                       acc_stages=acc, options=options, groups=s.groups,
+                                       key=item_key(inputs)))
+    return sorted(items, key=lambda it: it.name)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'i/n' -> (i, n), 0-based: shard i of n."""
+    try:
+        i_text, n_text = text.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"--shard must be i/n (e.g. 0/4), but got {text!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard i/n must have 0 <= i < n (i is 0-based), but got {text!r}")
+    return i, n
+
+
+def shard(items: list[BuildItem], index: int, count: int) -> list[BuildItem]:
+    """A deterministic slice: every count-th item of the sorted list, starting at index."""
+    return items[index::count]

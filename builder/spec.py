@@ -1,0 +1,383 @@
+"""shapes.yaml schema v1 -> plain frozen dataclasses, with errors that name file, set and key.
+
+    schema_version: 1
+    defaults:                       # optional; same keys as a set except name and groups
+      archs: [sm_90a, sm_100a]
+      acc_stages: {sm_100a: [1, 2], sm_90a: [1]}   # or a plain list for every arch
+      options: {sm_90a: {tile_m: 128}}            # per-arch family options
+    sets:
+      - name: moe_gateup
+        groups: [[80, 4096, 7168], [176, 4096, 7168]]   # (m, n, k) per group
+        archs: [...]                # optional overrides of the defaults
+        acc_stages: ...
+        options: ...
+
+A set's archs and acc_stages replace the defaults; its options are merged over the defaults'
+options of the same arch, key by key. An arch with no acc_stages gets its family's default config.
+Every legality rule comes from the family (`kernels.<family>.config`), the same rules the builder
+and the kernels use, so the file is rejected here rather than minutes into a compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+from .families import Families
+
+SCHEMA_VERSION = 1
+# A kernel is named "<set>.<arch>.acc<n>" and its cubin "<name>.<key>.cubin": no dots, no slashes.
+SET_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
+TOP_KEYS = ("schema_version", "defaults", "sets")
+DEFAULT_KEYS = ("archs", "acc_stages", "options")
+SET_KEYS = ("name", "groups", "archs", "acc_stages", "options")
+
+
+@dataclass(frozen=True)
+class ArchBuild:
+    """What one set builds for one arch: one kernel per acc stage, all with the same options."""
+
+    arch: str
+    acc_stages: tuple[int, ...]
+    options: tuple[tuple[str, Any], ...]  # (name, value) as written, sorted; defaults not filled
+
+    def options_dict(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class SetSpec:
+    name: str
+    groups: tuple[tuple[int, int, int], ...]  # (m, n, k) per group
+    builds: tuple[ArchBuild, ...]  # one per arch, in the order the file lists them
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return tuple(b.arch for b in self.builds)
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    source: str  # the file as the user named it, for messages
+    sets: tuple[SetSpec, ...]
+
+    def set_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sets)
+
+
+# --------------------------------------------------------------------------------------------
+# YAML
+# --------------------------------------------------------------------------------------------
+
+
+class _DuplicateKey(yaml.MarkedYAMLError):
+    pass
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that rejects a key written twice in one mapping: PyYAML keeps the last one
+    silently, so a second `groups:` would quietly replace the first."""
+
+
+def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, yaml.Mark] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key; construct_mapping reports it with its position
+            continue
+        if first is not None:
+            raise _DuplicateKey(None, None, f"duplicate key {key!r} (first written on line "
+                                f"{first.line + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark
+    return loader.construct_mapping(node, deep=True)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        what = exc.problem if isinstance(exc, _DuplicateKey) else f"malformed YAML: {exc.problem}"
+        raise SpecError(f"{source}: {where}: {what}") from exc
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: malformed YAML: {exc}") from exc
+
+
+def load_spec(path: str | Path, families: Families) -> ShapeSpec:
+    """Read and validate a shapes.yaml file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{source}: cannot read the spec file: {exc}") from exc
+    return parse_spec(read_yaml(text, source), source, families)
+
+
+def parse_spec_text(text: str, source: str, families: Families) -> ShapeSpec:
+    return parse_spec(read_yaml(text, source), source, families)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------------
+
+
+def _got(value: Any) -> str:
+    """How a YAML value reads in 'but got ...'."""
+    if value is None:
+        return "null"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return f"a list of {len(value)}" if value else "an empty list"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _an(typ: type) -> str:
+    name = typ.__name__
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+class _Checker:
+    def __init__(self, source: str, families: Families) -> None:
+        self.source = source
+        self.families = families
+
+    def fail(self, path: str, msg: str) -> SpecError:
+        return SpecError(f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}")
+
+    def mapping(self, value: Any, path: str, subject: str, allowed: tuple[str, ...],
+                required: tuple[str, ...] = ()) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"{subject} must be a mapping, but got {_got(value)}")
+        for key in value:
+            if key not in allowed:
+                hint = difflib.get_close_matches(str(key), allowed, n=1)
+                did = f"; did you mean {hint[0]!r}?" if hint else ""
+                raise self.fail(path, f"unknown key {key!r}{did} (allowed keys: "
+                                      f"{', '.join(allowed)})")
+        for key in required:
+            if key not in value:
+                raise self.fail(path, f"key {key!r} is missing")
+        return value
+
+    def integer(self, value: Any, path: str, subject: str) -> int:
+        # bool is an int subclass in Python and `true` is valid YAML: never take it as a number.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(path, f"{subject} must be an int, but got {_got(value)}")
+        return value
+
+    def listed(self, value: Any, path: str, subject: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(path, f"{subject} must be a list, but got {_got(value)}")
+        if not value:
+            raise self.fail(path, f"{subject} must not be empty, but got an empty list")
+        return value
+
+    def arch(self, value: Any, path: str) -> str:
+        if not isinstance(value, str) or value not in self.families.by_arch:
+            raise self.fail(path, f"arch must be one of {list(self.families.archs)}, "
+                                  f"but got {_got(value)}")
+        return value
+
+    # -- the keys a set shares with `defaults` ------------------------------------------------
+
+    def archs(self, value: Any, path: str) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, a in enumerate(self.listed(value, path, "archs")):
+            arch = self.arch(a, f"{path}[{i}]")
+            if arch in out:
+                raise self.fail(f"{path}[{i}]", f"arch {arch!r} is listed twice")
+            out.append(arch)
+        return tuple(out)
+
+    def stage_list(self, value: Any, path: str) -> tuple[int, ...]:
+        out: list[int] = []
+        for i, s in enumerate(self.listed(value, path, "acc_stages")):
+            stage = self.integer(s, f"{path}[{i}]", "acc stage")
+            if stage in out:
+                raise self.fail(f"{path}[{i}]", f"acc stage {stage} is listed twice")
+            out.append(stage)
+        return tuple(out)
+
+    def acc_stages(self, value: Any, path: str) -> dict[str | None, tuple[int, ...]]:
+        """A plain list (key None: every arch) or a mapping arch -> list."""
+        if isinstance(value, list):
+            return {None: self.stage_list(value, path)}
+        if not isinstance(value, dict):
+            raise self.fail(path, "acc_stages must be a list of ints or a mapping arch -> list "
+                                  f"of ints, but got {_got(value)}")
+        if not value:
+            raise self.fail(path, "acc_stages must not be empty, but got an empty mapping")
+        out: dict[str | None, tuple[int, ...]] = {}
+        for arch, stages in value.items():
+            out[self.arch(arch, f"{path}.{arch}")] = self.stage_list(stages, f"{path}.{arch}")
+        return out
+
+    def options(self, value: Any, path: str) -> dict[str, dict[str, Any]]:
+        """A mapping arch -> {option: value}, names and value types checked against the family."""
+        if not isinstance(value, dict):
+            raise self.fail(path, f"options must be a mapping arch -> options, but got "
+                                  f"{_got(value)}")
+        out: dict[str, dict[str, Any]] = {}
+        for arch, opts in value.items():
+            arch = self.arch(arch, f"{path}.{arch}")
+            family = self.families.family_for(arch)
+            names = tuple(family.option_names())
+            opts = self.mapping(opts, f"{path}.{arch}", f"options of {arch}", allowed=names)
+            defaults = {f.name: f.default for f in dataclasses.fields(family.config.Config)}
+            for name, v in opts.items():
+                want = type(defaults[name])
+                if want not in (bool, int, float, str):
+                    continue  # no plain default to compare with: the family's check decides
+                # YAML `2` for a float field is fine; `true` for an int field is not.
+                accepted = (int, float) if want is float else want
+                ok = isinstance(v, accepted) and (want is bool or not isinstance(v, bool))
+                if not ok:
+                    raise self.fail(f"{path}.{arch}.{name}",
+                                    f"{name} must be {_an(want)}, but got {_got(v)}")
+            out[arch] = dict(opts)
+        return out
+
+    # -- sets ---------------------------------------------------------------------------------
+
+    def groups(self, value: Any, path: str, archs: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        out = []
+        for g, group in enumerate(self.listed(value, path, "groups")):
+            gpath = f"{path}[{g}]"
+            if not isinstance(group, list) or len(group) != 3:
+                raise self.fail(gpath, f"group must be a list [m, n, k], but got {_got(group)}")
+            m, n, k = (self.integer(v, f"{gpath}[{i}]", "mnk"[i]) for i, v in enumerate(group))
+            for i, (dim, v) in enumerate((("m", m), ("n", n), ("k", k))):
+                if v <= 0:
+                    raise self.fail(f"{gpath}[{i}]", f"{dim} must be > 0, but got {v}")
+            for arch in archs:
+                cfg = self.families.family_for(arch).config
+                if k % cfg.K_TILE:
+                    raise self.fail(f"{gpath}[2]", f"k must be a multiple of {cfg.K_TILE} (the "
+                                                   f"{arch} kernel's K tile), but got {k}")
+                if n % cfg.N_MULTIPLE:
+                    raise self.fail(f"{gpath}[1]", f"n must be a multiple of {cfg.N_MULTIPLE} "
+                                                   f"(the {arch} kernel's N multiple), but got {n}")
+            out.append((m, n, k))
+        return tuple(out)
+
+    def resolve(self, set_path: str, archs: tuple[str, ...],
+                acc: tuple[dict[str | None, tuple[int, ...]], bool] | None,
+                own_opts: dict[str, dict[str, Any]],
+                def_opts: dict[str, dict[str, Any]]) -> tuple[ArchBuild, ...]:
+        """Per arch: the acc stages and merged options, checked by the family's own rules.
+
+        A value inherited from `defaults` is reported at the set that uses it (the set fixes the
+        arch list) and at the defaults key it came from."""
+        builds = []
+        for arch in archs:
+            family = self.families.family_for(arch)
+            sub = None
+            if acc is not None:
+                table, own = acc
+                if arch in table:
+                    stages, sub = table[arch], f".{arch}"
+                elif None in table:
+                    stages, sub = table[None], ""
+            if sub is None:  # not given for this arch: the family's default config
+                stages = (family.config.Config().acc_stages,)
+            else:
+                supported = tuple(family.config.ACC_STAGES)
+                for i, s in enumerate(stages):
+                    if s not in supported:
+                        example = ", ".join(
+                            f"{a}: {list(self.families.family_for(a).config.ACC_STAGES)}"
+                            for a in archs)
+                        loc = (f"{set_path}.acc_stages{sub}[{i}]" if own else
+                               f"{set_path}.acc_stages (from defaults.acc_stages{sub}[{i}])")
+                        raise self.fail(
+                            loc,
+                            f"acc stage {s} is not supported by the {arch} kernel (it supports "
+                            f"{list(supported)}); give stages per arch, e.g. "
+                            f"acc_stages: {{{example}}}")
+            options = {**def_opts.get(arch, {}), **own_opts.get(arch, {})}
+            where = (f"{set_path}.options.{arch}" if arch in own_opts
+                     else f"{set_path}.options (from defaults.options.{arch})"
+                     if arch in def_opts else set_path)
+            for s in stages:
+                reasons = family.config.check(family.make_config(s, options))
+                if reasons:
+                    raise self.fail(where, f"the {family.name} config for acc stage {s} is "
+                                           f"invalid: {'; '.join(reasons)}")
+            builds.append(ArchBuild(arch, tuple(stages), tuple(sorted(options.items()))))
+        return tuple(builds)
+
+
+def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
+    """Validate a decoded shapes.yaml; raise SpecError at the first problem."""
+    c = _Checker(source, families)
+    if data is None:
+        raise c.fail("", "the file must be a mapping with schema_version and sets, "
+                         "but it is empty")
+    top = c.mapping(data, "", "the file", TOP_KEYS)
+    if "schema_version" not in top:
+        raise c.fail("", f"key 'schema_version' is missing (start the file with "
+                         f"`schema_version: {SCHEMA_VERSION}`)")
+    if "sets" not in top:
+        raise c.fail("", "key 'sets' is missing")
+    version = c.integer(top["schema_version"], "schema_version", "schema_version")
+    if version != SCHEMA_VERSION:
+        raise c.fail("schema_version", f"schema_version must be {SCHEMA_VERSION}, but got "
+                                       f"{version} (this builder reads schema v{SCHEMA_VERSION})")
+
+    d = c.mapping(top.get("defaults", {}), "defaults", "defaults", DEFAULT_KEYS)
+    d_archs = c.archs(d["archs"], "defaults.archs") if "archs" in d else None
+    d_acc = (c.acc_stages(d["acc_stages"], "defaults.acc_stages"), False) \
+        if "acc_stages" in d else None
+    d_opts = c.options(d["options"], "defaults.options") if "options" in d else {}
+
+    sets: list[SetSpec] = []
+    where_named: dict[str, str] = {}
+    for i, raw in enumerate(c.listed(top["sets"], "sets", "sets")):
+        at = f"sets[{i}]"
+        name = raw.get("name") if isinstance(raw, dict) else None
+        # Name the set in every message once its name is known to be usable.
+        named = isinstance(name, str) and SET_NAME_RE.match(name) and name not in where_named
+        path = f"sets[{name}]" if named else at
+        s = c.mapping(raw, path, "a set", SET_KEYS, required=("name", "groups"))
+        if not isinstance(name, str) or not SET_NAME_RE.match(name):
+            raise c.fail(f"{at}.name", "set name must match [A-Za-z0-9_-]+, but got "
+                                       f"{_got(name)}")
+        if name in where_named:
+            raise c.fail(f"{at}.name", f"set name {name!r} is already used by "
+                                       f"{where_named[name]}")
+        where_named[name] = at
+        if "archs" in s:
+            archs = c.archs(s["archs"], f"{path}.archs")
+        elif d_archs is not None:
+            archs = d_archs
+        else:
+            raise c.fail(path, "key 'archs' is missing (and defaults gives no archs)")
+        acc = (c.acc_stages(s["acc_stages"], f"{path}.acc_stages"), True) \
+            if "acc_stages" in s else d_acc
+        own_opts = c.options(s["options"], f"{path}.options") if "options" in s else {}
+        # A set naming an arch it does not build is a typo or a stale line: say so.
+        for key, table in (("acc_stages", acc[0] if acc and acc[1] else {}), ("options", own_opts)):
+            for arch in table:
+                if arch is not None and arch not in archs:
+                    raise c.fail(f"{path}.{key}.{arch}", f"{key} are given for {arch}, but the "
+                                                         f"set builds only {list(archs)}")
+        builds = c.resolve(path, archs, acc, own_opts, d_opts)
+        groups = c.groups(s["groups"], f"{path}.groups", archs)
+        sets.append(SetSpec(name=name, groups=groups, builds=builds))
+    return ShapeSpec(source=source, sets=tuple(sets))

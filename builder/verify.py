@@ -1,0 +1,56 @@
+"""Re-check an artifact directory: every problem found, not just the first."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from runtime.errors import ManifestError
+from runtime.manifest import MANIFEST_NAME, load_manifest, pack_offsets
+
+from .elf import check_cubin_arch
+from .errors import BuildError
+
+
+def verify_dir(directory: Path) -> list[str]:
+    """Problems with `directory`: schema, each cubin's presence, size, sha256, ELF arch and
+    symbol, the recorded parameter offsets, and files the manifest does not name."""
+    try:
+        manifest = load_manifest(directory)
+    except ManifestError as exc:
+        return [str(exc)]
+    problems: list[str] = []
+    expected = {MANIFEST_NAME}
+    for e in manifest.kernels:
+        expected.add(Path(e.cubin).as_posix())
+        if e.name != f"{e.set}.{e.arch}.acc{e.acc_stages}":
+            problems.append(f"{e.name}: name must be <set>.<arch>.acc<stages> = "
+                            f"{e.set}.{e.arch}.acc{e.acc_stages}, but got {e.name}")
+        want = pack_offsets([(p.size, p.align) for p in e.params])
+        got = [p.offset for p in e.params]
+        if got != want:
+            problems.append(f"{e.name}: parameter offsets must be {want} for the recorded sizes "
+                            f"and alignments, but got {got}")
+        path = directory / e.cubin
+        if not path.is_file():
+            problems.append(f"{e.name}: cubin {e.cubin} is missing")
+            continue
+        data = path.read_bytes()
+        if len(data) != e.cubin_bytes:
+            problems.append(f"{e.name}: cubin {e.cubin} has {len(data)} bytes, manifest says "
+                            f"{e.cubin_bytes}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != e.sha256:
+            problems.append(f"{e.name}: cubin {e.cubin} has sha256 {digest[:16]}..., manifest "
+                            f"says {e.sha256[:16]}... (altered or corrupt: rebuild it)")
+        try:
+            check_cubin_arch(data, e.arch, e.cubin)
+        except BuildError as exc:
+            problems.append(f"{e.name}: {exc}")
+        if b"\0" + e.symbol.encode() + b"\0" not in data:
+            problems.append(f"{e.name}: symbol {e.symbol!r} is not in cubin {e.cubin}")
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel not in expected:
+            problems.append(f"stray file {rel} (not in the manifest)")
+    return problems

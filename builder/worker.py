@@ -1,0 +1,165 @@
+"""Build worker: `python -m builder.worker JOB.json` compiles the items of one arch.
+
+The parent starts it with CUTE_DSL_ARCH=<arch> and CUDA_VISIBLE_DEVICES="" already in the
+environment: the DSL reads CUTE_DSL_ARCH once, at `import cutlass`, and on a machine with no GPU
+silently targets sm_100a when it is unset, so setting it here would be too late. One worker
+pays the DSL import (about a second) once for all of its items.
+
+Job file: {"arch", "families", "out_dir", "keep_going", "parent", "items": [BuildItem.to_dict(),
+...]}.
+Per item it writes `<out_dir>/<name>.cubin` (on success) and `<out_dir>/<name>.json` (always),
+then prints the item's name as one JSON line on the protocol channel (the original stdout).
+Everything else the compiler prints goes to stderr, so it cannot corrupt that channel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .artifacts import new_entry, validate_entry
+from .elf import cubin_arch
+from .errors import BuildError
+from .families import load_families
+from .plan import BuildItem
+from .ptx import check_abi
+
+TRACEBACK_LINES = 20
+_PR_SET_PDEATHSIG = 1
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def check_compiled(ck: Any, item: BuildItem) -> None:
+    """What a CompiledKernel must satisfy before it may enter a manifest."""
+    if not isinstance(ck.cubin, bytes) or not ck.cubin:
+        # The DSL returns a path string, with no error, when the dump directory was missing.
+        raise BuildError(f"compile_kernel must return the cubin as non-empty bytes, but got "
+                         f"{type(ck.cubin).__name__} {str(ck.cubin)[:80]!r} (a str here usually "
+                         "means the DSL dump directory did not exist)")
+    if not isinstance(ck.ptx, str) or not ck.ptx:
+        raise BuildError(f"compile_kernel must return the PTX as a non-empty str, but got "
+                         f"{type(ck.ptx).__name__}")
+    if not isinstance(ck.symbol, str) or not ck.symbol:
+        raise BuildError(f"compile_kernel must return the kernel symbol as a str, but got "
+                         f"{ck.symbol!r}")
+    for what in ("block", "cluster"):
+        dims = tuple(getattr(ck, what))
+        if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+            raise BuildError(f"{what} must be 3 positive ints, but got {dims}")
+    got = cubin_arch(ck.cubin, f"the cubin of {item.name}")
+    if got != item.arch:  # the DSL targeted another arch: CUTE_DSL_ARCH was set too late
+        raise BuildError(f"the cubin of {item.name} is for {got}, but it was built for "
+                         f"{item.arch} (CUTE_DSL_ARCH must be set before `import cutlass`)")
+    if b"\0" + ck.symbol.encode() + b"\0" not in ck.cubin:
+        raise BuildError(f"symbol {ck.symbol!r} is not in the cubin's string table")
+    check_abi(list(ck.params), ck.ptx, ck.symbol)
+
+
+def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
+    result: dict[str, Any] = {"name": item.name, "key": item.key}
+    try:
+        if family.name != item.family:
+            raise BuildError(f"the {item.arch} family must be {item.family!r} as planned, but "
+                             f"the worker loaded {family.name!r}")
+        compiler = family.compiler()  # first call imports cutlass: not part of compile time
+        config = family.make_config(item.acc_stages, item.options_dict())
+        start = time.perf_counter()
+        ck = compiler.compile_kernel(config, arch=item.arch, groups=[list(g) for g in item.groups])
+        seconds = time.perf_counter() - start
+        check_compiled(ck, item)
+        kernel = {"symbol": ck.symbol, "params": list(ck.params), "block": list(ck.block),
+                  "cluster": list(ck.cluster), "dynamic_smem": int(ck.dynamic_smem),
+                  "grid": ck.grid, "tile": ck.tile, "tables": ck.tables,
+                  "constraints": ck.constraints, "sm_count": ck.sm_count}
+        sha256 = hashlib.sha256(ck.cubin).hexdigest()
+        # JSON round trip first: the parent sees exactly what the manifest will hold.
+        kernel = json.loads(json.dumps(kernel))
+        validate_entry(new_entry(item, kernel, sha256, len(ck.cubin)))
+        cubin = out_dir / f"{item.name}.cubin"
+        cubin.write_bytes(ck.cubin)
+        result.update(ok=True, compile_seconds=round(seconds, 3), cubin=cubin.name,
+                      sha256=sha256, cubin_bytes=len(ck.cubin), kernel=kernel)
+    except Exception as exc:  # noqa: BLE001 - recorded per item; the others still build
+        tail = traceback.format_exc().strip().splitlines()[-TRACEBACK_LINES:]
+        result.update(ok=False, error={"type": type(exc).__name__, "message": str(exc),
+                                       "traceback": "\n".join(tail)})
+    return result
+
+
+def run_job(job: dict[str, Any], proto: Any) -> int:
+    arch = job["arch"]
+    out_dir = Path(job["out_dir"])
+    items = [BuildItem.from_dict(d) for d in job["items"]]
+    env_arch = os.environ.get("CUTE_DSL_ARCH")
+    family = None
+    setup_error = None
+    if env_arch != arch:
+        setup_error = BuildError(f"CUTE_DSL_ARCH must be {arch!r} in the worker's environment "
+                                 f"before it starts, but got {env_arch!r}")
+    else:
+        try:
+            family = load_families(job.get("families")).family_for(arch)
+        except Exception as exc:  # noqa: BLE001 - reported as every item's error
+            setup_error = exc
+    failed = 0
+    for item in items:
+        if setup_error is not None:
+            result = {"name": item.name, "key": item.key, "ok": False,
+                      "error": {"type": type(setup_error).__name__,
+                                "message": str(setup_error), "traceback": ""}}
+        else:
+            result = build_one(item, family, out_dir)
+        _write_json(out_dir / f"{item.name}.json", result)
+        proto.write(json.dumps({"name": item.name, "ok": result["ok"]}) + "\n")
+        proto.flush()
+        if not result["ok"]:
+            failed += 1
+            if not job.get("keep_going", False):
+                break
+    return 1 if failed else 0
+
+
+def die_with_parent(parent: int | None) -> None:
+    """Ask Linux to SIGTERM this worker when the build that started it dies, even by SIGKILL:
+    an orphan would keep compiling into a staging directory the next build deletes."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the parent's cleanup still covers Ctrl-C
+        return
+    if parent is not None and os.getppid() != parent:  # it died before prctl took effect
+        os._exit(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m builder.worker JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    die_with_parent(job.get("parent"))
+    # Keep the real stdout for the protocol and point fd 1 at stderr: the DSL and the
+    # compilers it embeds may print, from Python or from C.
+    sys.stdout.flush()
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    try:
+        return run_job(job, proto)
+    finally:
+        proto.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

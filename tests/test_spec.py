@@ -1,0 +1,259 @@
+"""shapes.yaml validation: every invalid input is a SpecError whose exact message names the file,
+the set and the key. Rules come from a fake family (K tile 256, N multiple 128, acc stages
+(1,) on sm_90a and (1, 2) on sm_100a, options tile_m in {64, 128} and fail), so these tests do
+not move when the real kernels' configs change; the default shapes.yaml is checked against the
+real families at the end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from fakefam import write_fake_package
+
+from builder.errors import SpecError
+from builder.families import Families, load_families
+from builder.plan import expand
+from builder.spec import ArchBuild, SetSpec, load_spec, parse_spec_text
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = """\
+schema_version: 1
+defaults:
+  archs: [sm_90a, sm_100a]
+  acc_stages: {sm_100a: [1, 2], sm_90a: [1]}
+sets:
+  - name: moe_gateup
+    groups: [[80, 4096, 7168], [176, 4096, 7168]]
+  - name: moe_down
+    groups: [[40, 7168, 2048], [76, 7168, 2048], [168, 7168, 2048]]
+    options: {sm_90a: {tile_m: 64}}
+"""
+
+
+@pytest.fixture(scope="module")
+def fams(tmp_path_factory: pytest.TempPathFactory) -> Families:
+    root = tmp_path_factory.mktemp("specfam")
+    pkg = write_fake_package(root)
+    sys.path.insert(0, str(root))
+    try:
+        yield load_families(f"{pkg}.families")
+    finally:
+        sys.path.remove(str(root))
+
+
+def parse(text: str, fams: Families):
+    return parse_spec_text(text, "shapes.yaml", fams)
+
+
+def edit(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new, 1)
+
+
+def test_valid_spec_parses_to_plain_data(fams: Families) -> None:
+    spec = parse(BASE, fams)
+    assert spec.source == "shapes.yaml"
+    assert spec.sets == (
+        SetSpec("moe_gateup", ((80, 4096, 7168), (176, 4096, 7168)),
+                (ArchBuild("sm_90a", (1,), ()), ArchBuild("sm_100a", (1, 2), ()))),
+        SetSpec("moe_down", ((40, 7168, 2048), (76, 7168, 2048), (168, 7168, 2048)),
+                (ArchBuild("sm_90a", (1,), (("tile_m", 64),)),
+                 ArchBuild("sm_100a", (1, 2), ()))),
+    )
+
+
+def test_plain_acc_list_applies_to_every_arch_and_set_overrides_defaults(fams: Families) -> None:
+    text = edit("    options: {sm_90a: {tile_m: 64}}", "    archs: [sm_100a]\n    acc_stages: [2]")
+    spec = parse(text, fams)
+    assert spec.sets[1].builds == (ArchBuild("sm_100a", (2,), ()),)
+
+
+def test_missing_acc_stages_means_family_default(fams: Families) -> None:
+    spec = parse(edit("  acc_stages: {sm_100a: [1, 2], sm_90a: [1]}\n", ""), fams)
+    assert [b.acc_stages for b in spec.sets[0].builds] == [(1,), (1,)]
+
+
+def test_set_options_merge_over_defaults_key_by_key(fams: Families) -> None:
+    text = edit("  acc_stages:", "  options: {sm_90a: {tile_m: 64, fail: 0}}\n  acc_stages:")
+    text = text.replace("{sm_90a: {tile_m: 64}}", "{sm_90a: {tile_m: 128}}")
+    spec = parse(text, fams)
+    assert spec.sets[0].builds[0].options == (("fail", 0), ("tile_m", 64))
+    assert spec.sets[1].builds[0].options == (("fail", 0), ("tile_m", 128))
+
+
+E = "shapes.yaml: "
+CASES = [
+    # malformed YAML, with its position
+    ("[176, 4096, 7168]]", "[176, 4096, 7168]",
+     E + "line 8, column 3: malformed YAML: expected ',' or ']', but got '-'"),
+    ("    options: {sm_90a: {tile_m: 64}}",
+     "    options: {sm_90a: {tile_m: 64}}\n    options: {}",
+     E + "line 11, column 5: duplicate key 'options' (first written on line 10)"),
+    # schema_version
+    ("schema_version: 1", "schema_version: 2",
+     E + "schema_version: schema_version must be 1, but got 2 (this builder reads schema v1)"),
+    ("schema_version: 1", "schema_version: '1'",
+     E + "schema_version: schema_version must be an int, but got str '1'"),
+    ("schema_version: 1\n", "",
+     E + "key 'schema_version' is missing (start the file with `schema_version: 1`)"),
+    # unknown keys, anywhere
+    ("sets:", "set:",
+     E + "unknown key 'set'; did you mean 'sets'? (allowed keys: schema_version, defaults, sets)"),
+    ("defaults:", "defaults:\n  group: 1",
+     E + "defaults: unknown key 'group' (allowed keys: archs, acc_stages, options)"),
+    ("    groups: [[40", "    grups: [[40",
+     E + "sets[moe_down]: unknown key 'grups'; did you mean 'groups'? (allowed keys: name, "
+     "groups, archs, acc_stages, options)"),
+    ("tile_m: 64", "tile_k: 64",
+     E + "sets[moe_down].options.sm_90a: unknown key 'tile_k'; did you mean 'tile_m'? "
+     "(allowed keys: tile_m, fail)"),
+    # missing keys
+    ("  - name: moe_down\n", "  - nmae: moe_down\n",
+     E + "sets[1]: unknown key 'nmae'; did you mean 'name'? (allowed keys: name, groups, "
+     "archs, acc_stages, options)"),
+    ("    groups: [[80, 4096, 7168], [176, 4096, 7168]]\n", "",
+     E + "sets[moe_gateup]: key 'groups' is missing"),
+    ("  archs: [sm_90a, sm_100a]\n", "",
+     E + "sets[moe_gateup]: key 'archs' is missing (and defaults gives no archs)"),
+    # groups
+    ("[[40, 7168, 2048], [76, 7168, 2048], [168, 7168, 2048]]", "[]",
+     E + "sets[moe_down].groups: groups must not be empty, but got an empty list"),
+    ("[40, 7168, 2048]", "[40, 7168]",
+     E + "sets[moe_down].groups[0]: group must be a list [m, n, k], but got a list of 2"),
+    ("[40, 7168, 2048]", "5",
+     E + "sets[moe_down].groups[0]: group must be a list [m, n, k], but got int 5"),
+    ("[40, 7168", "[true, 7168",
+     E + "sets[moe_down].groups[0][0]: m must be an int, but got bool True"),
+    ("[40, 7168", "['40', 7168",
+     E + "sets[moe_down].groups[0][0]: m must be an int, but got str '40'"),
+    ("[40, 7168", "[0, 7168", E + "sets[moe_down].groups[0][0]: m must be > 0, but got 0"),
+    ("[40, 7168", "[40, -128", E + "sets[moe_down].groups[0][1]: n must be > 0, but got -128"),
+    ("[40, 7168, 2048]", "[40, 7168, 0]",
+     E + "sets[moe_down].groups[0][2]: k must be > 0, but got 0"),
+    ("[168, 7168, 2048]]", "[168, 7168, 1000]]",
+     E + "sets[moe_down].groups[2][2]: k must be a multiple of 256 (the sm_90a kernel's K tile), "
+     "but got 1000"),
+    ("[76, 7168, 2048]", "[76, 7000, 2048]",
+     E + "sets[moe_down].groups[1][1]: n must be a multiple of 128 (the sm_90a kernel's N "
+     "multiple), but got 7000"),
+    # archs
+    ("archs: [sm_90a, sm_100a]", "archs: [sm_90a, sm_80]",
+     E + "defaults.archs[1]: arch must be one of ['sm_100a', 'sm_90a'], but got str 'sm_80'"),
+    ("archs: [sm_90a, sm_100a]", "archs: sm_90a",
+     E + "defaults.archs: archs must be a list, but got str 'sm_90a'"),
+    ("archs: [sm_90a, sm_100a]", "archs: []",
+     E + "defaults.archs: archs must not be empty, but got an empty list"),
+    ("archs: [sm_90a, sm_100a]", "archs: [sm_90a, sm_90a]",
+     E + "defaults.archs[1]: arch 'sm_90a' is listed twice"),
+    ("{sm_90a: {tile_m: 64}}", "{sm_70: {tile_m: 64}}",
+     E + "sets[moe_down].options.sm_70: arch must be one of ['sm_100a', 'sm_90a'], but got str "
+     "'sm_70'"),
+    # sets and names
+    ("name: moe_down", "name: moe_gateup",
+     E + "sets[1].name: set name 'moe_gateup' is already used by sets[0]"),
+    ("name: moe_down", "name: moe.down",
+     E + "sets[1].name: set name must match [A-Za-z0-9_-]+, but got str 'moe.down'"),
+    ("name: moe_down", "name: 7",
+     E + "sets[1].name: set name must match [A-Za-z0-9_-]+, but got int 7"),
+    # acc stages
+    ("acc_stages: {sm_100a: [1, 2], sm_90a: [1]}", "acc_stages: [1, 2]",
+     E + "sets[moe_gateup].acc_stages (from defaults.acc_stages[1]): acc stage 2 is not "
+     "supported by the sm_90a kernel (it supports [1]); give stages per arch, e.g. acc_stages: "
+     "{sm_90a: [1], sm_100a: [1, 2]}"),
+    ("    options: {sm_90a: {tile_m: 64}}",
+     "    options: {sm_90a: {tile_m: 64}}\n    acc_stages: {sm_90a: [1, 2]}",
+     E + "sets[moe_down].acc_stages.sm_90a[1]: acc stage 2 is not supported by the sm_90a kernel "
+     "(it supports [1]); give stages per arch, e.g. acc_stages: {sm_90a: [1], sm_100a: [1, 2]}"),
+    ("acc_stages: {sm_100a: [1, 2], sm_90a: [1]}", "acc_stages: {sm_100a: [1, 1]}",
+     E + "defaults.acc_stages.sm_100a[1]: acc stage 1 is listed twice"),
+    ("acc_stages: {sm_100a: [1, 2], sm_90a: [1]}", "acc_stages: {sm_100a: [true]}",
+     E + "defaults.acc_stages.sm_100a[0]: acc stage must be an int, but got bool True"),
+    ("acc_stages: {sm_100a: [1, 2], sm_90a: [1]}", "acc_stages: 2",
+     E + "defaults.acc_stages: acc_stages must be a list of ints or a mapping arch -> list of "
+     "ints, but got int 2"),
+    ("acc_stages: {sm_100a: [1, 2], sm_90a: [1]}", "acc_stages: {sm_100a: [1, 2], sm_80: [1]}",
+     E + "defaults.acc_stages.sm_80: arch must be one of ['sm_100a', 'sm_90a'], but got str "
+     "'sm_80'"),
+    # options
+    ("tile_m: 64", "tile_m: 96",
+     E + "sets[moe_down].options.sm_90a: the fake90 config for acc stage 1 is invalid: tile_m "
+     "must be one of [64, 128], but got 96"),
+    ("tile_m: 64", "tile_m: true",
+     E + "sets[moe_down].options.sm_90a.tile_m: tile_m must be an int, but got bool True"),
+    ("tile_m: 64", "tile_m: 64.0",
+     E + "sets[moe_down].options.sm_90a.tile_m: tile_m must be an int, but got float 64.0"),
+    ("{sm_90a: {tile_m: 64}}", "[tile_m]",
+     E + "sets[moe_down].options: options must be a mapping arch -> options, but got a list "
+     "of 1"),
+    ("    options: {sm_90a: {tile_m: 64}}",
+     "    options: {sm_90a: {tile_m: 64}}\n    archs: [sm_100a]",
+     E + "sets[moe_down].options.sm_90a: options are given for sm_90a, but the set builds only "
+     "['sm_100a']"),
+]
+
+
+@pytest.mark.parametrize("old,new,message", CASES, ids=[c[2][len(E):60] for c in CASES])
+def test_invalid_spec_message(fams: Families, old: str, new: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(edit(old, new), fams)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("text,message", [
+    ("- 1\n", E + "the file must be a mapping, but got a list of 1"),
+    ("", E + "the file must be a mapping with schema_version and sets, but it is empty"),
+    ("schema_version: 1\n", E + "key 'sets' is missing"),
+    ("schema_version: 1\nsets: []\n", E + "sets: sets must not be empty, but got an empty list"),
+    ("schema_version: 1\nsets: [1]\n", E + "sets[0]: a set must be a mapping, but got int 1"),
+    ("schema_version: 1\ndefaults:\nsets: [1]\n",
+     E + "defaults: defaults must be a mapping, but got null"),
+])
+def test_invalid_top_level(fams: Families, text: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(text, fams)
+    assert str(info.value) == message
+
+
+def test_file_errors_name_the_path(fams: Families, tmp_path: Path) -> None:
+    path = tmp_path / "my_shapes.yaml"
+    with pytest.raises(SpecError, match=rf"^{path}: cannot read the spec file: "):
+        load_spec(path, fams)
+    path.write_text(edit("[40, 7168", "[0, 7168"))
+    with pytest.raises(SpecError) as info:
+        load_spec(path, fams)
+    assert str(info.value) == f"{path}: sets[moe_down].groups[0][0]: m must be > 0, but got 0"
+
+
+# --------------------------------------------------------------------------------------------
+# The default shapes.yaml, with the real families
+# --------------------------------------------------------------------------------------------
+
+BENCHMARK = {  # facts.md: set -> (M per group, N, K)
+    "moe_gateup": ([80, 176, 128, 72, 64, 248, 96, 160], 4096, 7168),
+    "moe_down": ([40, 76, 168, 72, 164, 148, 196, 160], 7168, 2048),
+    "dense_a": ([192, 320], 3072, 4096),
+    "dense_b": ([128, 384], 4096, 1536),
+}
+
+
+def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> None:
+    fams = load_families("kernels.families")
+    spec = load_spec(REPO / "shapes.yaml", fams)
+    sets = {s.name: s for s in spec.sets}
+    for name, (ms, n, k) in BENCHMARK.items():
+        assert sets[name].groups == tuple((m, n, k) for m in ms), name
+    style = [s for s in spec.sets if s.name not in BENCHMARK]
+    assert len(style) >= 3
+    for s in style:
+        assert 2 <= len(s.groups) <= 4, s.name
+        assert len({g[1] for g in s.groups}) > 1 and len({g[2] for g in s.groups}) > 1, s.name
+        assert any(g[0] % 128 for g in s.groups), s.name
+    for s in spec.sets:
+        assert s.archs == ("sm_90a", "sm_100a")
+        assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
+    items = expand(spec, fams)
+    assert len(items) == 3 * len(spec.sets)
+    assert len({it.name for it in items}) == len(items)
