@@ -33,9 +33,12 @@ def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
     entry = next(k for k in gg.kernels if k.name == name)
     groups = [tuple(g) for g in entry.constraints["groups"]]
     rows = []
-    for seed in range(seeds):
-        prob = make_grouped_problem(groups, seed=1000 + seed, device="cuda", values="full",
-                                    scale_exp=(-6, 6))
+    # Fresh full-range problems per seed, then one benchmark-style problem whose fp32 sums are
+    # exact (facts.md), so the output must equal the float64 reference rounded to fp16, bit for bit.
+    cases = [("full", seed) for seed in range(seeds)] + [("benchmark", seeds)]
+    for values, seed in cases:
+        prob = make_grouped_problem(groups, seed=1000 + seed, device="cuda", values=values,
+                                    scale_exp=(-6, 6), scale_exp_b=(-6, -2))
         outs = [torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
                 for m, n, _ in groups]
         t0 = time.perf_counter()
@@ -44,8 +47,34 @@ def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
         first_ms = (time.perf_counter() - t0) * 1e3
         ref = reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, groups)
         ok, report = check_close(outs, ref)
-        rows.append({"seed": seed, "ok": ok, "report": report, "ms": first_ms})
+        if values == "benchmark":
+            exact = all(torch.equal(o, r.half()) for o, r in zip(outs, ref))
+            ok = ok and exact
+            report = f"bit-exact vs fp16(reference): {exact}; " + report
+        row = {"seed": f"{values}-{seed}", "ok": ok, "report": report, "ms": first_ms}
+        if not ok:
+            row["groups"] = [_diagnose(o, r) for o, r in zip(outs, ref)]
+        rows.append(row)
     return {"name": name, "ok": all(r["ok"] for r in rows), "rows": rows}
+
+
+def _diagnose(out, ref) -> str:
+    """Where a group's output is wrong: NaN count, bad row/col span, max error, sample."""
+    import torch
+
+    o = out.double()
+    bad = ~torch.isclose(o, ref, rtol=1e-3, atol=1e-3)
+    if not bad.any():
+        return "ok"
+    rows = bad.any(1).nonzero().flatten()
+    cols = bad.any(0).nonzero().flatten()
+    err = (o - ref).abs().nan_to_num(float("inf"))
+    i, j = divmod(int(err.argmax()), out.shape[1])
+    return (f"{out.shape}: bad {int(bad.sum())} nan {int(torch.isnan(o).sum())} rows "
+            f"{int(rows.min())}..{int(rows.max())} ({len(rows)}) cols {int(cols.min())}.."
+            f"{int(cols.max())} ({len(cols)}) worst [{i},{j}] got {float(o[i, j]):.4g} "
+            f"want {float(ref[i, j]):.4g}; ratio out/ref median "
+            f"{float((o / ref).nan_to_num(0).median()):.4g}")
 
 
 def run_child(artifacts: str, name: str, seeds: int, timeout: float) -> dict:
@@ -93,6 +122,8 @@ def main() -> int:
         results.append(res)
         for r in res.get("rows", []):
             print(f"  {name} seed {r['seed']}: {'ok ' if r['ok'] else 'BAD'} {r['report']}")
+            for g, d in enumerate(r.get("groups", [])):
+                print(f"    group {g}: {d}")
         if "error" in res:
             print(f"  {name}: ERROR {res['error']}")
         sys.stdout.flush()

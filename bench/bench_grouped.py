@@ -1,0 +1,197 @@
+"""Benchmark: this project's NVFP4 grouped GEMM against what a user would run instead, one run.
+
+    PYTHONPATH=. python bench/bench_grouped.py --artifacts artifacts [--sets moe_gateup ...]
+
+Per benchmark set (facts.md, plus a compute-heavy set), side by side in the same process:
+  ours      the artifact kernel through runtime.grouped_gemm (NVFP4 in, fp16 out)
+  cublas    torch.mm per group in bf16 on pre-dequantized weights and activations
+  grouped   torch._grouped_mm in bf16 on the same pre-dequantized tensors
+  floor     max(FLOPs at the bf16 MMA rate, NVFP4 bytes at the copy bandwidth), both ceilings
+            measured in this run (a large bf16 matmul; a large device-to-device copy)
+Protocol: each variant is captured in one CUDA graph per input set; input sets rotate so that
+they do not sit in L2 (at least 4 sets and more than 3x L2 bytes); the time is the median over
+many replays, each timed with CUDA events. Our output on the timed inputs is checked against
+the float64 reference (rtol = atol = 1e-3). Full numbers go to --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import runtime  # noqa: E402
+from runtime.nvfp4 import (  # noqa: E402
+    check_close,
+    dequantize_nvfp4,
+    make_grouped_problem,
+    reference_grouped_gemm,
+)
+
+SETS = {
+    "moe_gateup": [(m, 4096, 7168) for m in (80, 176, 128, 72, 64, 248, 96, 160)],
+    "moe_down": [(m, 7168, 2048) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
+    "dense_a": [(192, 3072, 4096), (320, 3072, 4096)],
+    "dense_b": [(128, 4096, 1536), (384, 4096, 1536)],
+    "bench_large": [(1024, 4096, 7168)] * 8,
+}
+BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
+L2_BYTES = 50 * 2**20
+
+
+def time_graphs(graphs: list[torch.cuda.CUDAGraph], reps: int) -> float:
+    """Median microseconds of one replay, rotating over the graphs (one per input set)."""
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        graphs[i % len(graphs)].replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside capture: loads, caches, allocations
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def measure_ceilings() -> tuple[float, float]:
+    """(bf16 matmul TFLOP/s, device copy GB/s counting read + write), measured now."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    g = capture(lambda: torch.mm(a, b, out=c))
+    us = time_graphs([g], 50)
+    tflops = 2 * 8192**3 / us / 1e6
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    g = capture(lambda: dst.copy_(src))
+    us = time_graphs([g], 30)
+    gbs = 2 * src.numel() / us / 1e3
+    del a, b, c, src, dst
+    return tflops, gbs
+
+
+def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceilings) -> dict:
+    tflops_peak, gbs = ceilings
+    flops = sum(2 * m * n * k for m, n, k in groups)
+    nvfp4_bytes = sum(m * k // 2 + n * k // 2 + (m + n) * k // 16 + 2 * m * n
+                      for m, n, k in groups)
+    set_bytes = sum(n * k // 2 + m * k // 2 for m, n, k in groups)
+    n_sets = max(4, math.ceil(3 * L2_BYTES / set_bytes))
+    n_sets = min(n_sets, 16)
+    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", values="full",
+                                  scale_exp=(-6, 6), scale_exp_b=(-6, -2))
+             for i in range(n_sets)]
+    outs = [[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
+            for _ in probs]
+    ours = [capture(lambda p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
+            for p, o in zip(probs, outs)]
+    t_ours = time_graphs(ours, reps)
+    # correctness on the timed inputs: the last replayed graph's buffers
+    ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
+    ours[-1].replay()
+    torch.cuda.synchronize()
+    ok, report = check_close(outs[-1], ref)
+    del ours, ref
+
+    # Baselines on pre-dequantized bf16 tensors (dequantization itself is not timed).
+    deq = []
+    for p in probs[: min(n_sets, 4 if set_bytes * 3.5 > L2_BYTES else n_sets)]:
+        xs = [dequantize_nvfp4(a, s).to(torch.bfloat16) for a, s in zip(p.a, p.sfa_plain)]
+        ws = [dequantize_nvfp4(b, s).to(torch.bfloat16) for b, s in zip(p.b, p.sfb_plain)]
+        deq.append((xs, ws))
+    del probs, outs
+    cub_out = [[torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for m, n, _ in groups]
+               for _ in deq]
+
+    def cublas(xs, ws, out):
+        for x, w, o in zip(xs, ws, out):
+            torch.mm(x, w.t(), out=o)
+
+    t_cublas = time_graphs([capture(lambda d=d, o=o: cublas(*d, o)) for d, o in
+                            zip(deq, cub_out)], reps)
+    t_grouped = float("nan")
+    same_nk = len({(n, k) for _, n, k in groups}) == 1
+    if same_nk and hasattr(torch, "_grouped_mm"):
+        try:
+            packs = []
+            for xs, ws in deq:
+                x = torch.cat(xs)
+                w = torch.stack(ws).transpose(1, 2)  # (G, k, n), K-major storage
+                offs = torch.tensor([sum(g[0] for g in groups[: i + 1]) for i in
+                                     range(len(groups))], dtype=torch.int32, device="cuda")
+                packs.append((x, w, offs))
+            t_grouped = time_graphs([capture(lambda q=q: torch._grouped_mm(q[0], q[1],
+                                                                           offs=q[2]))
+                                     for q in packs], reps)
+        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
+            print(f"  {name}: torch._grouped_mm unavailable: {exc}".splitlines()[0])
+    floor_mma = flops / (tflops_peak * 1e6)
+    floor_mem = nvfp4_bytes / (gbs * 1e3)
+    floor = max(floor_mma, floor_mem)
+    return {"set": name, "groups": groups, "ok": ok, "check": report, "input_sets": n_sets,
+            "ours_us": t_ours, "cublas_us": t_cublas, "grouped_mm_us": t_grouped,
+            "floor_us": floor, "floor_mma_us": floor_mma, "floor_mem_us": floor_mem,
+            "tflops": flops / t_ours / 1e6, "gflop": flops / 1e9}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifacts", default=str(ROOT / "artifacts"))
+    ap.add_argument("--sets", nargs="*", default=list(SETS))
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--json", help="write all numbers here")
+    args = ap.parse_args()
+
+    gg = runtime.load(args.artifacts)
+    ceilings = measure_ceilings()
+    print(f"{torch.cuda.get_device_name()}: bf16 matmul {ceilings[0]:.0f} TFLOP/s, "
+          f"copy {ceilings[1]:.0f} GB/s (read+write)")
+    rows = []
+    for name in args.sets:
+        try:
+            rows.append(bench_set(gg, name, SETS[name], args.reps, ceilings))
+        except runtime.NoKernelError as exc:
+            print(f"  {name}: skipped, no kernel built ({str(exc).splitlines()[0]})")
+    hdr = (f"{'set':12s} {'ours us':>8s} {'TFLOP/s':>8s} {'%floor':>7s} {'cuBLAS':>8s} "
+           f"{'x':>5s} {'grp_mm':>8s} {'x':>5s} {'floor':>7s}  check")
+    print("\n" + hdr)
+    for r in rows:
+        print(f"{r['set']:12s} {r['ours_us']:8.1f} {r['tflops']:8.0f} "
+              f"{100 * r['floor_us'] / r['ours_us']:6.0f}% {r['cublas_us']:8.1f} "
+              f"{r['cublas_us'] / r['ours_us']:5.2f} {r['grouped_mm_us']:8.1f} "
+              f"{r['grouped_mm_us'] / r['ours_us']:5.2f} {r['floor_us']:7.1f}  "
+              f"{'ok' if r['ok'] else 'WRONG'}")
+    base = [r for r in rows if r["set"] in BASE_SETS]
+    if base:
+        geo = lambda key: math.exp(statistics.mean(math.log(r[key]) for r in base))  # noqa: E731
+        print(f"{'geomean(4)':12s} {geo('ours_us'):8.1f} {'':8s} {'':7s} {geo('cublas_us'):8.1f} "
+              f"{geo('cublas_us') / geo('ours_us'):5.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": rows}, indent=1))
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
