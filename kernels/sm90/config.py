@@ -20,6 +20,9 @@ class Config:
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 3  # shared-memory stages of the packed-operand pipeline
+    # B (weights) dequantized straight into wgmma A-operand registers (RS wgmma) instead of
+    # through a shared-memory fp16 tile: halves the shared-memory traffic of each step.
+    w_regs: bool = True
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -31,7 +34,9 @@ def smem_bytes(config: Config) -> int:
     """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * (512 * K_TILE // 64)
-    fp16 = FP16_BUFFERS * (config.tile_n + config.tile_m) * SUB_K * 2
+    fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
+    # With w_regs the B tile is a 1024-aligned 32-byte placeholder: one more KiB.
+    fp16 = FP16_BUFFERS * fp16_rows * SUB_K * 2 + (1024 if config.w_regs else 0)
     return 1024 + packed + scales + fp16
 
 
@@ -43,6 +48,8 @@ def check(config: Config) -> list[str]:
                        f"accumulates in registers), but got {config.acc_stages}")
     if config.tile_m not in TILE_MS:
         reasons.append(f"tile_m must be one of {list(TILE_MS)}, but got {config.tile_m}")
+    if not isinstance(config.w_regs, bool):
+        reasons.append(f"w_regs must be true or false, but got {config.w_regs!r}")
     if config.tile_n not in TILE_NS:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
     if not 2 <= config.stages <= 8:

@@ -48,7 +48,9 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 from . import tma
 from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
 from .dequant import dequant_word, scale_pair
-from .ptx import trap, e4m3x2_to_f16x2, ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt, st_shared_v4
+from .fp4_bits import fragment_word, permuted_chunk
+from .ptx import (e4m3x2_to_f16x2, ld_shared_u16, ld_shared_u32, ld_shared_v2, ld_shared_v4,
+                  prmt, st_shared_v2, st_shared_v4, trap)
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
 PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
@@ -76,6 +78,7 @@ class Sm90GroupedGemm:
         self.tile_m = config.tile_m  # A rows (tokens) per CTA tile = wgmma N
         self.tile_n = config.tile_n  # B rows (weights) per CTA tile = 2 warpgroups x wgmma M 64
         self.stages = config.stages
+        self.w_regs = config.w_regs
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -131,6 +134,8 @@ class Sm90GroupedGemm:
 
         stages = self.stages
 
+        fb_elems = 16 if self.w_regs else cute.cosize(fb_layout)  # unused without an fp16 B tile
+
         @cute.struct
         class SharedStorage:
             mbar: cute.struct.MemRange[Int64, stages * 2]
@@ -142,10 +147,9 @@ class Sm90GroupedGemm:
                 cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
             scale_a: cute.struct.Align[
                 cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
-            fp16_b: cute.struct.Align[
-                cute.struct.MemRange[Float16, cute.cosize(fb_layout)], 1024]
             fp16_a: cute.struct.Align[
                 cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024]
+            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, fb_elems], 1024]
 
         self.shared_storage = SharedStorage
         self.smem_bytes = SharedStorage.size_in_bytes()
@@ -160,9 +164,10 @@ class Sm90GroupedGemm:
 
     def _tiled_mma(self) -> cute.TiledMma:
         # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
+        source = warpgroup.OperandSource.RMEM if self.w_regs else warpgroup.OperandSource.SMEM
         return sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m),
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m), a_source=source,
         )
 
     def _fp16_layouts(self) -> tuple[Any, Any]:
@@ -330,11 +335,19 @@ class Sm90GroupedGemm:
     @cute.jit
     def _consumer(self, tiled_mma, fb_layout, fa_layout, storage, mainloop, sizes, ptrs, prefix,
                   total_tiles, bidx, grid, ct) -> None:
-        fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
         fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
-        frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
         frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
+        if cutlass.const_expr(self.w_regs):
+            # Two register fragments: a step writes one while the previous step's wgmma may
+            # still read the other (wait_group(1) retires the one before that).
+            frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                      for _ in range(2)]
+            words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+            frag_b = frag_w[0]
+        else:
+            fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
+            frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
@@ -372,10 +385,16 @@ class Sm90GroupedGemm:
                     # Three buffers: the buffer written now was last read by the wgmma of step
                     # `step - 3`, which every consumer warpgroup retired (wait_group(1) at the end
                     # of step - 2) before arriving at the barrier of step - 1.
-                    self._dequant_rows(
-                        self.tile_n, ct, s,
-                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                        scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
+                    if cutlass.const_expr(self.w_regs):
+                        self._dequant_b_fragment(
+                            words_w[s % 2], ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * SCALE_STAGE_BYTES)
+                    else:
+                        self._dequant_rows(
+                            self.tile_n, ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
                     self._dequant_rows(
                         self.tile_m, ct, s,
                         packed_a + stage * (self.tile_m * PACKED_ROW_BYTES),
@@ -389,8 +408,11 @@ class Sm90GroupedGemm:
                     step_barrier.arrive_and_wait()
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_b[None, None, kb, buf],
-                                  frag_a[None, None, kb, buf], acc)
+                        if cutlass.const_expr(self.w_regs):
+                            b_operand = frag_w[s % 2][None, None, kb]
+                        else:
+                            b_operand = frag_b[None, None, kb, buf]
+                        cute.gemm(tiled_mma, acc, b_operand, frag_a[None, None, kb, buf], acc)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     step += 1
@@ -429,11 +451,53 @@ class Sm90GroupedGemm:
             both = e4m3x2_to_f16x2(ld_shared_u16(scale_at - odd))
             s0 = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
             scale_per_word = (s0, s0)
-        for i in cutlass.range_constexpr(words):
-            out = dequant_word(w[i], scale_per_word[i])
-            out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
-            dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
-            st_shared_v4(dst_at, out[0], out[1], out[2], out[3])
+        outs = [dequant_word(w[i], scale_per_word[i]) for i in range(words)]
+        if cutlass.const_expr(self.w_regs):
+            # K order of the register B operand (see _dequant_b_fragment): output pair q of
+            # word j (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk
+            # 4 (j // 4) + q at byte 4 (j % 4): this thread's words fill one slice of 4 chunks.
+            for q in cutlass.range_constexpr(4):
+                chunk, byte = permuted_chunk(first_word, q)
+                dst_at = dst + r * (SUB_K * 2) + ((chunk ^ (r % 8)) * 16) + byte
+                if cutlass.const_expr(words == 4):
+                    st_shared_v4(dst_at, outs[0][q], outs[1][q], outs[2][q], outs[3][q])
+                else:
+                    st_shared_v2(dst_at, outs[0][q], outs[1][q])
+        else:
+            for i in cutlass.range_constexpr(words):
+                out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
+                dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
+                st_shared_v4(dst_at, outs[i][0], outs[i][1], outs[i][2], outs[i][3])
+
+    @cute.jit
+    def _dequant_b_fragment(self, words: cute.Tensor, ct: Int32, s: int, packed: Int32,
+                            scales: Int32) -> None:
+        """Dequantize sub-step `s` of this thread's B rows straight into its wgmma A fragment.
+
+        The fragment of thread (warp w, lane l) holds rows r0 = 16 w + l / 4 (+ 64 per
+        warpgroup) and r1 = r0 + 8 at K positions 2c, 2c+1, 2c+8, 2c+9 of each k16 block
+        (c = l % 4); word index 4 kb + 2 khalf + rowhalf. The K order inside a 64-K step is
+        ours to choose (both operands follow it): packed word c of a row (8 e2m1) feeds blocks
+        0 and 1 of thread c, word c + 4 blocks 2 and 3, so each thread reads 2 words per row.
+        """
+        t = ct % 128
+        c = t % 4
+        r0 = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4
+        for half in cutlass.range_constexpr(2):
+            row = r0 + 8 * half
+            base = packed + row * PACKED_ROW_BYTES
+            lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
+            hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
+            # The row's 4 scales of this 64-K step are one aligned word; word c uses scale
+            # column c // 2 and word c + 4 column 2 + c // 2.
+            four = ld_shared_u32(scales + s * SCALE_ATOM_BYTES + (row % 32) * 16 + (row // 32) * 4)
+            sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
+            s_lo, s_hi = scale_pair(prmt(four, 0, sel))
+            d_lo = dequant_word(lo, s_lo)
+            d_hi = dequant_word(hi, s_hi)
+            for q in cutlass.range_constexpr(4):
+                words[fragment_word(q, half, 0)] = d_lo[q]
+                words[fragment_word(q, half, 1)] = d_hi[q]
 
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,

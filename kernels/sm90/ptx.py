@@ -108,3 +108,25 @@ def trap(*, loc: Any = None, ip: Any = None) -> None:
     """Abort the kernel (the launch fails with an illegal-instruction class error)."""
     llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
                     asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A 32-bit shared-memory load at a 32-bit shared address."""
+    out = llvm.inline_asm(
+        T.i32(), [_ir(addr, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out)
+
+
+@dsl_user_op
+def st_shared_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """8-byte shared-memory store at a 32-bit shared address."""
+    llvm.inline_asm(
+        None, [_ir(x, loc, ip) for x in (addr, w0, w1)],
+        "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
