@@ -109,11 +109,14 @@ def swap_in(staging: Path, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # now holds the old directory
         return
     old = target.parent / f".{target.name}.old-{os.getpid()}"
-    os.rename(target, old)
     try:
+        os.rename(target, old)
         os.rename(staging, target)
     except BaseException:
-        os.rename(old, target)
+        # Also when an interrupt (Ctrl-C, SIGTERM: see build.py) lands between the renames,
+        # or right after the first one returned: put the old directory back.
+        if old.exists() and not target.exists():
+            os.rename(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
 

@@ -9,8 +9,11 @@ costs a YAML parse, a source fingerprint and a sha256 per cubin.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +65,35 @@ class BuildFailed(BuildError):
         super().__init__("\n".join(lines))
 
 
+class BuildInterrupted(BuildError):
+    """SIGTERM or SIGHUP arrived during a build (CI timeouts, `kill`, a closed terminal)."""
+
+
+@contextlib.contextmanager
+def _terminate_like_ctrl_c() -> Iterator[None]:
+    """Let SIGTERM and SIGHUP unwind the build like Ctrl-C does: stop the workers, delete the
+    staging directory, undo a half-done two-rename swap. Python's default action for them is
+    to die on the spot, which leaves the staging directory (and, on a kernel without
+    renameat2, a missing target) for the next build's `recover` to clean up. Only from the main
+    thread, and only where nobody installed a handler of their own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise BuildInterrupted(f"build interrupted by {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            previous[sig] = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _install(staging: Path, target: Path, manifest: Manifest) -> None:
     artifacts.write_manifest(staging, manifest)  # last: it marks the directory complete
     problems = verify_dir(staging)
@@ -77,7 +109,7 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
           on_plan: Callable[[int, int], None] = lambda todo, reused: None) -> BuildReport:
     """Build `items` into `out`, which afterwards holds exactly these kernels."""
     target = out.resolve()
-    with atomic.DirLock(target, lock_timeout):
+    with _terminate_like_ctrl_c(), atomic.DirLock(target, lock_timeout):
         atomic.recover(target)
         atomic.check_replaceable(target, MANIFEST_NAME)
         old, note = artifacts.read_existing(target)
@@ -134,7 +166,7 @@ def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0) -> Manifest:
     """Combine shard directories into `out` (atomically, like a build)."""
     manifest, sources = artifacts.merge_manifests(dirs)
     target = out.resolve()
-    with atomic.DirLock(target, lock_timeout):
+    with _terminate_like_ctrl_c(), atomic.DirLock(target, lock_timeout):
         atomic.recover(target)
         atomic.check_replaceable(target, MANIFEST_NAME)
         staging = atomic.staging_dir(target)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from runtime.errors import ManifestError
+from runtime.errors import ArtifactError, ManifestError
+from runtime.loader import check_param_layout, cubin_param_layout
 from runtime.manifest import MANIFEST_NAME, load_manifest, pack_offsets
 
 from .elf import check_cubin_arch
@@ -14,7 +15,8 @@ from .errors import BuildError
 
 def verify_dir(directory: Path) -> list[str]:
     """Problems with `directory`: schema, each cubin's presence, size, sha256, ELF arch and
-    symbol, the recorded parameter offsets, and files the manifest does not name."""
+    symbol, the recorded parameter offsets (against their own packing and against the
+    parameter list in the cubin's .nv.info), and files the manifest does not name."""
     try:
         manifest = load_manifest(directory)
     except ManifestError as exc:
@@ -49,6 +51,15 @@ def verify_dir(directory: Path) -> list[str]:
             problems.append(f"{e.name}: {exc}")
         if b"\0" + e.symbol.encode() + b"\0" not in data:
             problems.append(f"{e.name}: symbol {e.symbol!r} is not in cubin {e.cubin}")
+            continue
+        try:  # the ABI against the parameter list ptxas recorded in the cubin
+            layout = cubin_param_layout(data, e.symbol)
+            if layout is not None:
+                check_param_layout(e, layout)
+        except ValueError as exc:
+            problems.append(f"{e.name}: cubin {e.cubin}: {exc}")
+        except ArtifactError as exc:
+            problems.append(f"{e.name}: {exc}")
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         rel = path.relative_to(directory).as_posix()
         if rel not in expected:

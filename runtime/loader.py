@@ -52,6 +52,119 @@ def cubin_arch(image: bytes) -> str:
     return f"sm_{sm}{'a' if accel else ''}"
 
 
+_EIATTR_KPARAM_INFO = 0x17
+_EIFMT_SVAL = 4  # attribute with a u16 length and a value; the other formats take 4 bytes
+
+
+def _sections(image: bytes) -> dict[str, tuple[int, int, int]]:
+    """Section name -> (type, file offset, size) of an ELF64 file (ValueError if malformed)."""
+    try:
+        (shoff,) = struct.unpack_from("<Q", image, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
+        if shnum == 0:
+            return {}
+        if shentsize < 64 or shstrndx >= shnum or shoff + shnum * shentsize > len(image):
+            raise ValueError("section header table out of bounds")
+        heads = [struct.unpack_from("<IIQQQQ", image, shoff + i * shentsize)
+                 for i in range(shnum)]
+        _, _, _, _, str_off, str_size = heads[shstrndx]
+        if str_off + str_size > len(image):
+            raise ValueError("section name table out of bounds")
+        out = {}
+        for name_off, typ, _, _, off, size in heads:
+            end = image.find(b"\0", str_off + name_off, str_off + str_size)
+            if end < 0 or (typ != 8 and off + size > len(image)):  # 8: SHT_NOBITS
+                raise ValueError("section out of bounds")
+            out[image[str_off + name_off:end].decode("ascii", "replace")] = (typ, off, size)
+        return out
+    except struct.error as exc:
+        raise ValueError(f"truncated ELF headers ({exc})") from exc
+
+
+def cubin_param_layout(image: bytes, symbol: str) -> list[tuple[int, int]] | None:
+    """(offset, size) of each parameter of `symbol`, read from the cubin on the CPU.
+
+    ptxas records every kernel parameter in the kernel's `.nv.info.<symbol>` section as an
+    EIATTR_KPARAM_INFO attribute: u32 index, u16 ordinal, u16 offset, u32 flags with the size
+    in bits 18-31. The offsets are the ones cuFuncGetParamInfo reports (device-side, from the
+    parameter base: 48 for a first CUtensorMap on sm_90a, see `device_offsets`), checked on
+    the sm_90a and sm_100a cubins of nvidia-cutlass-dsl 4.8.1. So the manifest's ABI can be
+    checked against the cubin itself with no GPU.
+
+    None when the image has no section table at all (the synthetic cubins of the CPU tests;
+    the driver cannot load such a file). ValueError when the symbol has no info section or an
+    attribute is malformed.
+    """
+    sections = _sections(image)
+    if not sections:
+        return None
+    info = sections.get(f".nv.info.{symbol}")
+    if info is None:
+        raise ValueError(f"it has no section .nv.info.{symbol}, so no kernel {symbol!r}")
+    _, off, size = info
+    data = image[off:off + size]
+    params: dict[int, tuple[int, int]] = {}
+    at = 0
+    while at + 4 <= len(data):
+        fmt, attr = data[at], data[at + 1]
+        if fmt == _EIFMT_SVAL:
+            (length,) = struct.unpack_from("<H", data, at + 2)
+            value = data[at + 4:at + 4 + length]
+            if len(value) != length:
+                raise ValueError(f".nv.info.{symbol}: attribute {attr:#x} runs past the section")
+            at += 4 + length
+            if attr == _EIATTR_KPARAM_INFO:
+                if length < 12:
+                    raise ValueError(f".nv.info.{symbol}: EIATTR_KPARAM_INFO must have 12 "
+                                     f"bytes, but has {length}")
+                _, ordinal, offset, flags = struct.unpack_from("<IHHI", value)
+                if ordinal in params:
+                    raise ValueError(f".nv.info.{symbol}: parameter {ordinal} is listed twice")
+                params[ordinal] = (offset, flags >> 18)
+        elif fmt in (1, 2, 3):
+            at += 4
+        else:
+            raise ValueError(f".nv.info.{symbol}: unknown attribute format {fmt} at byte {at}")
+    if sorted(params) != list(range(len(params))):
+        raise ValueError(f".nv.info.{symbol}: parameter ordinals {sorted(params)} have gaps")
+    return [params[i] for i in range(len(params))]
+
+
+def check_device(entry: KernelEntry, capability: tuple[int, int], label: str) -> None:
+    """ArtifactError unless `entry` (by its manifest arch) runs on a device of `capability`.
+
+    Pure, so the arch refusal is tested without a GPU; `label` names the device."""
+    want = ARCH_CAPABILITY[entry.arch]
+    if tuple(capability) != want:
+        raise ArtifactError(
+            f"kernel {entry.name!r} is built for {entry.arch}, which needs compute capability "
+            f"{want[0]}.{want[1]}, but it was asked to run on {label}"
+        )
+
+
+def check_cubin_for_device(image: bytes, capability: tuple[int, int], label: str,
+                           what: str = "cubin") -> str:
+    """The cubin's ELF arch, or ArtifactError unless it runs on a device of `capability`.
+
+    Reads only the ELF header: a manifest that lies about a cubin's arch is caught too.
+    'a' targets (sm_90a, sm_100a) run on exactly one compute capability.
+    """
+    try:
+        arch = cubin_arch(image)
+    except ValueError as exc:
+        raise ArtifactError(f"{what} is not a CUDA cubin: {exc}") from exc
+    want = ARCH_CAPABILITY.get(arch)
+    cap = tuple(capability)
+    if want != cap:
+        runs_on = (f"compute capability {want[0]}.{want[1]}" if want is not None
+                   else f"no device this runtime serves ({', '.join(ARCH_CAPABILITY)})")
+        raise ArtifactError(
+            f"{what} targets {arch}, which runs on {runs_on}, but the device is {label} "
+            f"(compute capability {cap[0]}.{cap[1]})"
+        )
+    return arch
+
+
 @dataclass(frozen=True)
 class LoadedKernel:
     """A kernel bound to one device: the CUfunction to launch and what the driver reported."""
@@ -182,6 +295,22 @@ class ArtifactStore:
                 f"cubin {path} of kernel {entry.name!r} must target {entry.arch} (manifest), "
                 f"but its ELF header says {arch}"
             )
+        try:
+            layout = cubin_param_layout(image, entry.symbol)
+        except ValueError as exc:
+            raise ArtifactError(f"cubin {path} of kernel {entry.name!r}: {exc}; the manifest "
+                                "does not describe this cubin, rebuild the artifacts") from exc
+        if layout is not None:  # the same check cuFuncGetParamInfo feeds at bind time
+            check_param_layout(entry, layout)
+        return image
+
+    def read_cubin_for_device(self, entry: KernelEntry, capability: tuple[int, int],
+                              label: str) -> bytes:
+        """`read_cubin` after checking that the entry and its cubin's ELF header both target
+        a device of `capability` ((9, 0) for the H200). Needs no GPU."""
+        check_device(entry, capability, label)
+        image = self.read_cubin(entry)
+        check_cubin_for_device(image, capability, label, f"cubin {self.dir / entry.cubin}")
         return image
 
     # ---------------------------------------------------------------- driver side
@@ -227,12 +356,7 @@ class ArtifactStore:
 
         from . import cuda
 
-        want = ARCH_CAPABILITY[entry.arch]
-        if device.capability != want:
-            raise ArtifactError(
-                f"kernel {entry.name!r} is built for {entry.arch}, which needs compute capability "
-                f"{want[0]}.{want[1]}, but it was asked to run on {device.label}"
-            )
+        check_device(entry, device.capability, device.label)
         kernel = self._library_kernel(entry)
         fa = driver.CUfunction_attribute
         with cuda.current(device):

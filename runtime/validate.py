@@ -7,15 +7,23 @@ view). Host time per call is part of the product (measured on the H200 host: ~0.
 tensor attribute, so string formatting and helper calls in the common path cost as much as the
 checks themselves).
 
-The detailed checks run in two phases so that every structural error is found (and tested)
-without a GPU: first types, dtypes, shapes, scale sizes and contiguity; then devices and the
-16-byte alignment TMA needs. Messages follow "x must be ..., but got ..." and name the argument
-and group index.
+The detailed checks are pure functions over `TensorDesc`, a small description of each tensor
+(dtype, device, layout, shape, strides, data pointer, element size): `describe` turns a tensor
+into one and passes anything else through, so the checks also name a non-tensor argument. A
+test can therefore hand them CUDA tensors that do not exist (another GPU, an unaligned device
+pointer) on a machine with no GPU. They run in three phases, in this order:
+1. `structure_of`: containers, types, layout, dtypes, shapes, scale sizes, contiguity.
+2. `placement_of`: one CUDA device for all tensors, and the 16-byte alignment TMA needs.
+3. `overlap_of`: no output shares a byte with an input or another output (the launch path runs
+   it lazily, see runtime/api.py).
+`check_constraints` says which group breaks a kernel's k / n multiple when no kernel serves a
+call. Messages follow "x must be ..., but got ..." and name the argument and group index.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +38,7 @@ _SF = (torch.float8_e4m3fn, torch.uint8)
 _FP4_NAMES = " or ".join(str(d) for d in _FP4)
 _SF_NAMES = " or ".join(str(d) for d in _SF)
 ALIGN = 16  # TMA needs 16-byte aligned global addresses
+_LISTS = ("a_list", "b_list", "sfa_list", "sfb_list", "out")
 
 
 def blocked_scale_numel(rows: int, k: int) -> int:
@@ -43,6 +52,11 @@ def blocked_scale_numel(rows: int, k: int) -> int:
     except ImportError:
         return -(-rows // 128) * 128 * (-(-k // 64)) * 4
     return int(owner(rows, k))
+
+
+# --------------------------------------------------------------------------------------------
+# Fast path
+# --------------------------------------------------------------------------------------------
 
 
 def _fast(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any,
@@ -106,8 +120,10 @@ def _fast(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any,
             psa.append(ptrs[2])
             psb.append(ptrs[3])
             shapes.append((m, n, 2 * half_k))
-    except (AttributeError, TypeError, ValueError):
-        return None  # not tensors, or not unpackable: the detailed checks say what
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        # Not tensors, not unpackable, or no storage (sparse, nested): the detailed checks
+        # say what.
+        return None
     return tuple(shapes), ordinal, (pa, pb, psa, psb, pc)
 
 
@@ -118,17 +134,115 @@ def check_inputs(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
     fast = _fast(a_list, b_list, sfa_list, sfb_list, out)
     if fast is not None:
         return fast
-    shapes = check_structure(a_list, b_list, sfa_list, sfb_list, out)
-    ordinal = check_placement(a_list, b_list, sfa_list, sfb_list, out)
-    ptrs = tuple([t.data_ptr() for t in seq] for seq in (a_list, b_list, sfa_list, sfb_list))
-    outs = [t.data_ptr() for t in out] if out is not None else []
+    descs = describe_call(a_list, b_list, sfa_list, sfb_list, out)
+    shapes, ordinal = check_described(*descs)
+    ptrs = tuple([d.data_ptr for d in seq] for seq in descs[:4])
+    outs = [d.data_ptr for d in descs[4]] if descs[4] is not None else []
     return shapes, ordinal, (*ptrs, outs)
 
 
+# --------------------------------------------------------------------------------------------
+# Tensor descriptions
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """What the detailed checks read from a tensor; build one by hand to test a case that
+    needs hardware this machine lacks (`dataclasses.replace(describe(t), device=...)`)."""
+
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    data_ptr: int
+    itemsize: int
+    layout: torch.layout = torch.strided
+    nested: bool = False  # a nested tensor (no single shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes from data_ptr to one past the last element (0 when empty)."""
+        if not self.shape:
+            return self.itemsize
+        if any(s <= 0 for s in self.shape):
+            return 0
+        last = sum((s - 1) * st for s, st in zip(self.shape, self.stride, strict=False))
+        return (last + 1) * self.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        """torch's rule: row-major strides, ignoring dims of size 1; empty is contiguous."""
+        if (self.nested or self.layout is not torch.strided
+                or len(self.stride) != len(self.shape)):
+            return False
+        if 0 in self.shape:
+            return True
+        expected = 1
+        for size, st in zip(reversed(self.shape), reversed(self.stride), strict=True):
+            if size != 1:
+                if st != expected:
+                    return False
+                expected *= size
+        return True
+
+
+def describe(t: Any) -> Any:
+    """A TensorDesc of `t`, or `t` itself when it is not a tensor (the checks name its type)."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    layout, nested = t.layout, bool(t.is_nested)
+    shape: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    if not nested:  # nested tensors have no single shape or strides
+        shape = tuple(int(s) for s in t.shape)
+        if layout is torch.strided:
+            stride = tuple(int(s) for s in t.stride())
+    try:
+        ptr = int(t.data_ptr())
+    except RuntimeError:  # no storage (sparse): the layout check reports it first
+        ptr = 0
+    return TensorDesc(dtype=t.dtype, device=t.device, shape=shape, stride=stride,
+                      data_ptr=ptr, itemsize=t.element_size(), layout=layout, nested=nested)
+
+
+def describe_call(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
+                  out: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The five arguments with every tensor inside a list or tuple described; containers of
+    another type (and a bare tensor in place of a list) are kept for the checks to name."""
+    def seq(value: Any) -> Any:
+        if isinstance(value, (list, tuple)) and not isinstance(value, torch.Tensor):
+            return [describe(t) for t in value]
+        return value
+
+    return (seq(a_list), seq(b_list), seq(sfa_list), seq(sfb_list),
+            None if out is None else seq(out))
+
+
+def check_described(a: Any, b: Any, sfa: Any, sfb: Any,
+                    out: Any) -> tuple[tuple[Shape, ...], int]:
+    """Phases 1 and 2 over descriptions: (m, n, k) per group and the device ordinal."""
+    shapes = structure_of(a, b, sfa, sfb, out)
+    return shapes, placement_of(a, b, sfa, sfb, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 1: structure
+# --------------------------------------------------------------------------------------------
+
+
 def _sequence(name: str, value: Any, count: int | None) -> Sequence[Any]:
-    if isinstance(value, torch.Tensor) or not isinstance(value, (list, tuple)):
-        raise InputError(f"{name} must be a list or tuple of tensors, but got "
-                         f"{type(value).__name__}")
+    if (isinstance(value, (torch.Tensor, TensorDesc))
+            or not isinstance(value, (list, tuple))):
+        kind = "Tensor" if isinstance(value, TensorDesc) else type(value).__name__
+        raise InputError(f"{name} must be a list or tuple of tensors, but got {kind}")
     if count is None and not value:
         raise InputError(f"{name} must hold at least one tensor (one per group), but got an "
                          "empty list")
@@ -138,29 +252,40 @@ def _sequence(name: str, value: Any, count: int | None) -> Sequence[Any]:
     return value
 
 
-def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], names: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
+def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], names: str) -> TensorDesc:
+    if isinstance(t, torch.Tensor):
+        t = describe(t)
+    if not isinstance(t, TensorDesc):
         raise InputError(f"{name} must be a torch.Tensor, but got {type(t).__name__}")
+    if t.nested:
+        raise InputError(f"{name} must be a dense tensor (layout torch.strided), but got a "
+                         "nested tensor")
+    if t.layout is not torch.strided:
+        raise InputError(f"{name} must be a dense tensor (layout torch.strided), but got "
+                         f"layout {t.layout}")
     if t.dtype not in dtypes:
         raise InputError(f"{name} must have dtype {names}, but got {t.dtype}")
+    if any(s < 0 for s in t.shape):
+        raise InputError(f"{name} must have sizes >= 0, but got shape {t.shape}")
     return t
 
 
-def _packed_2d(name: str, t: torch.Tensor, what: str) -> tuple[int, int]:
-    if t.dim() != 2:
-        raise InputError(f"{name} must be 2-D {what}, but got shape {tuple(t.shape)}")
-    return int(t.shape[0]), int(t.shape[1])
+def _packed_2d(name: str, t: TensorDesc, what: str) -> tuple[int, int]:
+    if len(t.shape) != 2:
+        raise InputError(f"{name} must be 2-D {what}, but got shape {t.shape}")
+    return t.shape[0], t.shape[1]
 
 
-def _contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise InputError(f"{name} must be contiguous, but got strides {tuple(t.stride())} "
-                         f"for shape {tuple(t.shape)}")
+def _contiguous(name: str, t: TensorDesc) -> None:
+    if not t.is_contiguous:
+        raise InputError(f"{name} must be contiguous, but got strides {t.stride} "
+                         f"for shape {t.shape}")
 
 
-def check_structure(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
-                    out: Any) -> tuple[Shape, ...]:
-    """Phase 1: everything but devices and addresses. Returns (m, n, k) per group."""
+def structure_of(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
+                 out: Any) -> tuple[Shape, ...]:
+    """Phase 1 over descriptions (tensors are described on the fly): everything but devices
+    and addresses. Returns (m, n, k) per group."""
     a_seq = _sequence("a_list", a_list, None)
     g_count = len(a_seq)
     b_seq = _sequence("b_list", b_list, g_count)
@@ -184,71 +309,90 @@ def check_structure(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
         k = 2 * half_k
         for name, t, rows in ((f"sfa_list[{g}]", sfa, m), (f"sfb_list[{g}]", sfb, n)):
             want = blocked_scale_numel(rows, k)
-            if t.numel() != want:
+            if t.numel != want:
                 raise InputError(
                     f"{name} must have {want} elements (blocked scale layout: "
                     f"ceil({rows}/128)*128 rows x ceil({k}/64)*4 scale columns), "
-                    f"but got {t.numel()} (shape {tuple(t.shape)})")
+                    f"but got {t.numel} (shape {t.shape})")
         for name, t in ((f"a_list[{g}]", a), (f"b_list[{g}]", b), (f"sfa_list[{g}]", sfa),
                         (f"sfb_list[{g}]", sfb)):
             _contiguous(name, t)
         if out_seq is not None:
             c = _tensor(f"out[{g}]", out_seq[g], (torch.float16,), str(torch.float16))
-            if tuple(c.shape) != (m, n):
+            if c.shape != (m, n):
                 raise InputError(f"out[{g}] must have shape (m, n) = {(m, n)}, but got "
-                                 f"{tuple(c.shape)}")
+                                 f"{c.shape}")
             _contiguous(f"out[{g}]", c)
         shapes.append((m, n, k))
     return tuple(shapes)
 
 
-def _named_tensors(a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
-                   sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
-                   out: Sequence[torch.Tensor] | None) -> list[tuple[str, torch.Tensor]]:
+def check_structure(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
+                    out: Any) -> tuple[Shape, ...]:
+    """Phase 1 on the call's own arguments. Returns (m, n, k) per group."""
+    return structure_of(*describe_call(a_list, b_list, sfa_list, sfb_list, out))
+
+
+# --------------------------------------------------------------------------------------------
+# Phase 2: placement
+# --------------------------------------------------------------------------------------------
+
+
+def _named(a_list: Sequence[Any], b_list: Sequence[Any], sfa_list: Sequence[Any],
+           sfb_list: Sequence[Any], out: Sequence[Any] | None) -> list[tuple[str, TensorDesc]]:
     named = []
-    lists = [("a_list", a_list), ("b_list", b_list), ("sfa_list", sfa_list),
-             ("sfb_list", sfb_list)]
-    if out is not None:
-        lists.append(("out", out))
-    for lname, seq in lists:
-        named.extend((f"{lname}[{g}]", t) for g, t in enumerate(seq))
+    for lname, seq in zip(_LISTS, (a_list, b_list, sfa_list, sfb_list, out), strict=True):
+        if seq is not None:
+            named.extend((f"{lname}[{g}]", describe(t)) for g, t in enumerate(seq))
     return named
+
+
+def placement_of(a_list: Sequence[Any], b_list: Sequence[Any], sfa_list: Sequence[Any],
+                 sfb_list: Sequence[Any], out: Sequence[Any] | None) -> int:
+    """Phase 2 over descriptions (after phase 1): one CUDA device for all tensors, 16-byte
+    aligned data. Returns the device ordinal."""
+    named = _named(a_list, b_list, sfa_list, sfb_list, out)
+    first = named[0][1]
+    if first.device.type != "cuda":
+        raise InputError(f"a_list[0] must be a CUDA tensor, but got a tensor on {first.device}")
+    ordinal = first.device.index if first.device.index is not None else 0
+    for name, t in named:
+        if t.device.type != "cuda":
+            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {t.device}")
+        if (t.device.index if t.device.index is not None else 0) != ordinal:
+            raise InputError(f"{name} must be on cuda:{ordinal} (the device of a_list[0]), "
+                             f"but got {t.device}")
+        if t.numel and t.data_ptr % ALIGN:
+            raise InputError(f"{name} must start at a {ALIGN}-byte aligned address (TMA), "
+                             f"but got data_ptr {t.data_ptr:#x}")
+    return ordinal
 
 
 def check_placement(a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
                     sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
                     out: Sequence[torch.Tensor] | None) -> int:
-    """Phase 2: one CUDA device for all tensors, 16-byte aligned data. Returns the ordinal."""
-    first = a_list[0]
-    if not first.is_cuda:
-        raise InputError(f"a_list[0] must be a CUDA tensor, but got a tensor on {first.device}")
-    ordinal = first.get_device()
-    for name, t in _named_tensors(a_list, b_list, sfa_list, sfb_list, out):
-        if not t.is_cuda:
-            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {t.device}")
-        if t.get_device() != ordinal:
-            raise InputError(f"{name} must be on cuda:{ordinal} (the device of a_list[0]), "
-                             f"but got {t.device}")
-        if t.numel() and t.data_ptr() % ALIGN:
-            raise InputError(f"{name} must start at a {ALIGN}-byte aligned address (TMA), "
-                             f"but got data_ptr {t.data_ptr():#x}")
-    return ordinal
+    """Phase 2 on the call's own tensors. Returns the device ordinal."""
+    return placement_of(a_list, b_list, sfa_list, sfb_list, out)
 
 
-def check_no_overlap(a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
-                     sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
-                     out: Sequence[torch.Tensor]) -> None:
-    """No output may share a byte with an input or another output.
+# --------------------------------------------------------------------------------------------
+# Phase 3: overlap
+# --------------------------------------------------------------------------------------------
+
+
+def overlap_of(a_list: Sequence[Any], b_list: Sequence[Any], sfa_list: Sequence[Any],
+               sfb_list: Sequence[Any], out: Sequence[Any]) -> None:
+    """No output may share a byte with an input or another output (over descriptions).
 
     One sort and sweep: for intervals in start order, an overlap involving an output is seen at
     the later interval of the pair, either as a later output starting before the furthest end
     so far, or as any interval starting before the furthest output end so far.
     """
     spans = []
-    for name, t in _named_tensors(a_list, b_list, sfa_list, sfb_list, out):
-        n = t.numel() * t.element_size()
+    for name, t in _named(a_list, b_list, sfa_list, sfb_list, out):
+        n = t.nbytes
         if n:
-            spans.append((t.data_ptr(), t.data_ptr() + n, name.startswith("out["), name))
+            spans.append((t.data_ptr, t.data_ptr + n, name.startswith("out["), name))
     spans.sort()
     end_all, name_all = -1, ""
     end_out, name_out = -1, ""
@@ -263,3 +407,42 @@ def check_no_overlap(a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tens
             end_all, name_all = end, name
         if is_out and end > end_out:
             end_out, name_out = end, name
+
+
+def check_no_overlap(a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
+                     sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
+                     out: Sequence[torch.Tensor]) -> None:
+    """Phase 3 on the call's own tensors (after phases 1 and 2 accepted them)."""
+    overlap_of(a_list, b_list, sfa_list, sfb_list, out)
+
+
+# --------------------------------------------------------------------------------------------
+# Against the built kernels
+# --------------------------------------------------------------------------------------------
+
+
+def check_constraints(shapes: Sequence[Shape], kernels: Sequence[Any], arch: str | None) -> None:
+    """InputError naming the group and argument when a call's k or n is one that no kernel
+    built for `arch` can take (constraints.k_multiple / n_multiple of every such kernel).
+
+    For the miss path of kernel selection, where it turns "no kernel serves these shapes" into
+    the reason: cheap, but not free, so it need not run on calls a kernel serves. Returns
+    quietly when some kernel's multiples admit every group (the NoKernelError that follows
+    lists what was built).
+    """
+    built = [e for e in kernels if e.arch == arch]
+    if not built:
+        return
+    for key, what, arg in (("k_multiple", "k", "2 * a_list[{g}].shape[1]"),
+                           ("n_multiple", "n", "b_list[{g}].shape[0]")):
+        multiples = sorted({int(e.constraints.get(key) or 1) for e in built})
+        col = 2 if what == "k" else 1
+        for g, shape in enumerate(shapes):
+            value = shape[col]
+            if all(value % q for q in multiples):
+                want = (f"a multiple of {multiples[0]}" if len(multiples) == 1
+                        else f"a multiple of one of {multiples}")
+                raise InputError(
+                    f"{what} of group {g} ({arg.format(g=g)}) must be {want} "
+                    f"(constraints.{key} of the {len(built)} {arch} kernel(s) built), "
+                    f"but got {value}")
