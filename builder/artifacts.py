@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from runtime.dispatch import KernelIndex
 from runtime.errors import ManifestError
 from runtime.manifest import (
     MANIFEST_NAME,
@@ -71,6 +72,7 @@ def validate_entry(entry: KernelEntry) -> None:
                    kernels=(entry,))
     try:
         parse_manifest(json.loads(one.to_json()), "entry")
+        KernelIndex((entry,))  # the served shapes, as the runtime's dispatch reads them
     except ManifestError as exc:
         raise BuildError(f"the recorded launch data is not a valid manifest entry: {exc}") from exc
 

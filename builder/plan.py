@@ -10,6 +10,14 @@ installed nvidia-cutlass-dsl* distribution version, the Python major.minor, the 
 stages, full config options and groups, and BUILDER_VERSION.
 The set name is left out on purpose: two sets with the same shapes produce the same cubin.
 Paths enter the hash relative to their package, so two checkouts (CI shards) agree on keys.
+
+Dynamic-m sets (`m: dynamic` in shapes.yaml): the kernel families compile shape-generic
+kernels and take `groups` as (m, n, k) rows that they record as `constraints["groups"]`. A
+dynamic item passes them (m = a placeholder, `compile_groups`) and the worker rewrites what the
+family recorded into `constraints["dynamic_m"] = {"groups": [[n, k], ...], "max_m": int | None}`
+(`recorded_constraints`), so no family has to know about dynamic m. Their keys also cover
+`dynamic_m` and `max_m` (both change what the manifest records); exact items' keys are
+unchanged.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import BuildError
 from .families import DEFAULT_MODULE, Families, load_families
 from .spec import ShapeSpec
 
@@ -37,6 +46,11 @@ COMMON_SOURCES = ("runtime/manifest.py",)
 DSL_PREFIX = "nvidia-cutlass-dsl"
 
 
+# The m a dynamic-m item passes to compile_kernel when the set gives no max_m. The cubin does
+# not depend on it (the kernels read m from the problem-size table); it only has to be legal.
+DYNAMIC_M_PLACEHOLDER = 128
+
+
 @dataclass(frozen=True)
 class BuildItem:
     set: str
@@ -44,8 +58,10 @@ class BuildItem:
     family: str
     acc_stages: int
     options: tuple[tuple[str, Any], ...]  # every config field except acc_stages, sorted
-    groups: tuple[tuple[int, int, int], ...]
+    groups: tuple[tuple[int, ...], ...]  # (m, n, k) per group; (n, k) when dynamic_m
     key: str
+    dynamic_m: bool = False
+    max_m: int | None = None
 
     @property
     def name(self) -> str:
@@ -60,13 +76,46 @@ class BuildItem:
     def to_dict(self) -> dict[str, Any]:
         return {"set": self.set, "arch": self.arch, "family": self.family,
                 "acc_stages": self.acc_stages, "options": self.options_dict(),
-                "groups": [list(g) for g in self.groups], "key": self.key}
+                "groups": [list(g) for g in self.groups], "key": self.key,
+                "dynamic_m": self.dynamic_m, "max_m": self.max_m}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BuildItem:
+        max_m = d.get("max_m")
         return cls(set=d["set"], arch=d["arch"], family=d["family"],
                    acc_stages=int(d["acc_stages"]), options=tuple(sorted(d["options"].items())),
-                   groups=tuple(tuple(int(x) for x in g) for g in d["groups"]), key=d["key"])
+                   groups=tuple(tuple(int(x) for x in g) for g in d["groups"]), key=d["key"],
+                   dynamic_m=bool(d.get("dynamic_m", False)),
+                   max_m=None if max_m is None else int(max_m))
+
+    def compile_groups(self) -> list[list[int]]:
+        """The (m, n, k) rows to pass to the family's compile_kernel."""
+        if not self.dynamic_m:
+            return [list(g) for g in self.groups]
+        m = self.max_m if self.max_m is not None else DYNAMIC_M_PLACEHOLDER
+        return [[m, n, k] for n, k in self.groups]
+
+    def recorded_constraints(self, constraints: Any) -> dict[str, Any]:
+        """What the manifest records as served shapes, from what compile_kernel recorded.
+
+        Exact items: unchanged. Dynamic-m items: the family's `groups` (the placeholder rows it
+        was given) becomes `dynamic_m: {"groups": [[n, k], ...], "max_m": ...}`; every other
+        key (k_multiple, n_multiple, ...) is kept.
+        """
+        if not self.dynamic_m:
+            return constraints
+        given = self.compile_groups()
+        if not isinstance(constraints, dict) or constraints.get("groups") != given:
+            got = constraints.get("groups") if isinstance(constraints, dict) else constraints
+            raise BuildError(
+                f"{self.name}: a dynamic-m set needs a family whose compile_kernel records the "
+                f"groups it was given as constraints.groups ({given}), but it recorded {got!r}")
+        if "dynamic_m" in constraints:
+            raise BuildError(f"{self.name}: the family already recorded constraints.dynamic_m "
+                             f"= {constraints['dynamic_m']!r}; the builder owns that key")
+        out = {k: v for k, v in constraints.items() if k != "groups"}
+        out["dynamic_m"] = {"groups": [list(g) for g in self.groups], "max_m": self.max_m}
+        return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,9 +215,12 @@ def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> l
                 inputs = {**env, "sources": prints[family.name], "arch": build.arch,
                           "family": family.name, "acc_stages": acc, "options": dict(options),
                           "groups": [list(g) for g in s.groups]}
+                if s.dynamic_m:  # absent for exact sets: their keys stay what they were
+                    inputs["dynamic_m"] = {"max_m": s.max_m}
                 items.append(BuildItem(set=s.name, arch=build.arch, family=family.name,
                                        acc_stages=acc, options=options, groups=s.groups,
-                                       key=item_key(inputs)))
+                                       key=item_key(inputs), dynamic_m=s.dynamic_m,
+                                       max_m=s.max_m))
     return sorted(items, key=lambda it: it.name)
 
 

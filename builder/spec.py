@@ -11,6 +11,16 @@
         archs: [...]                # optional overrides of the defaults
         acc_stages: ...
         options: ...
+      - name: moe_gateup_any_m      # m chosen at run time, per call and per group
+        m: dynamic
+        groups: [[4096, 7168], [4096, 7168]]            # (n, k) per group
+        max_m: 4096                 # optional upper bound on every group's m
+
+A dynamic-m set builds the same shape-generic kernel; the manifest records the (n, k) list in
+`constraints.dynamic_m` and the runtime serves any m >= 0 per group (m = 0 included) for calls
+with exactly that (n, k) list. The kernels need no bound on m: `max_m`, when given, is recorded
+and enforced by the runtime (a call with a larger m is not served by that kernel). Without it
+the runtime still enforces the kernels' m * n < 2^31 per group.
 
 A set's archs and acc_stages replace the defaults; its options are merged over the defaults'
 options of the same arch, key by key. An arch with no acc_stages gets its family's default config.
@@ -37,7 +47,10 @@ SCHEMA_VERSION = 1
 SET_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 TOP_KEYS = ("schema_version", "defaults", "sets")
 DEFAULT_KEYS = ("archs", "acc_stages", "options")
-SET_KEYS = ("name", "groups", "archs", "acc_stages", "options")
+SET_KEYS = ("name", "groups", "m", "max_m", "archs", "acc_stages", "options")
+DYNAMIC = "dynamic"  # the one value of a set's `m` key
+# C is indexed with 32-bit offsets in the kernels: every group needs m * n < 2^31.
+MN_LIMIT = 2**31
 
 
 @dataclass(frozen=True)
@@ -55,8 +68,10 @@ class ArchBuild:
 @dataclass(frozen=True)
 class SetSpec:
     name: str
-    groups: tuple[tuple[int, int, int], ...]  # (m, n, k) per group
+    groups: tuple[tuple[int, ...], ...]  # (m, n, k) per group; (n, k) when dynamic_m
     builds: tuple[ArchBuild, ...]  # one per arch, in the order the file lists them
+    dynamic_m: bool = False  # `m: dynamic`: m is chosen per call, groups are (n, k)
+    max_m: int | None = None  # optional per-group bound on m (dynamic_m sets only)
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -255,26 +270,71 @@ class _Checker:
 
     # -- sets ---------------------------------------------------------------------------------
 
-    def groups(self, value: Any, path: str, archs: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    def groups(self, value: Any, path: str, archs: tuple[str, ...],
+               dynamic: bool = False) -> tuple[tuple[int, ...], ...]:
+        """(m, n, k) per group, or (n, k) per group for a set with `m: dynamic`."""
+        dims = ("n", "k") if dynamic else ("m", "n", "k")
         out = []
         for g, group in enumerate(self.listed(value, path, "groups")):
             gpath = f"{path}[{g}]"
-            if not isinstance(group, list) or len(group) != 3:
-                raise self.fail(gpath, f"group must be a list [m, n, k], but got {_got(group)}")
-            m, n, k = (self.integer(v, f"{gpath}[{i}]", "mnk"[i]) for i, v in enumerate(group))
-            for i, (dim, v) in enumerate((("m", m), ("n", n), ("k", k))):
+            if not isinstance(group, list) or len(group) != len(dims):
+                if dynamic:
+                    what = "group must be a list [n, k] (the set has m: dynamic)"
+                elif isinstance(group, list) and len(group) == 2:
+                    what = ("group must be a list [m, n, k] (for m chosen at run time, give the "
+                            "set `m: dynamic` and [n, k] groups)")
+                else:
+                    what = "group must be a list [m, n, k]"
+                raise self.fail(gpath, f"{what}, but got {_got(group)}")
+            values = [self.integer(v, f"{gpath}[{i}]", dims[i]) for i, v in enumerate(group)]
+            for i, (dim, v) in enumerate(zip(dims, values)):
                 if v <= 0:
                     raise self.fail(f"{gpath}[{i}]", f"{dim} must be > 0, but got {v}")
+            at = dict(zip(dims, range(len(dims))))
+            n, k = values[at["n"]], values[at["k"]]
             for arch in archs:
                 cfg = self.families.family_for(arch).config
                 if k % cfg.K_TILE:
-                    raise self.fail(f"{gpath}[2]", f"k must be a multiple of {cfg.K_TILE} (the "
-                                                   f"{arch} kernel's K tile), but got {k}")
+                    raise self.fail(f"{gpath}[{at['k']}]",
+                                    f"k must be a multiple of {cfg.K_TILE} (the {arch} kernel's "
+                                    f"K tile), but got {k}")
                 if n % cfg.N_MULTIPLE:
-                    raise self.fail(f"{gpath}[1]", f"n must be a multiple of {cfg.N_MULTIPLE} "
-                                                   f"(the {arch} kernel's N multiple), but got {n}")
-            out.append((m, n, k))
+                    raise self.fail(f"{gpath}[{at['n']}]",
+                                    f"n must be a multiple of {cfg.N_MULTIPLE} (the {arch} "
+                                    f"kernel's N multiple), but got {n}")
+            if not dynamic and values[0] * n >= MN_LIMIT:
+                raise self.fail(gpath, f"m * n must be < 2^31 (the kernels index C with 32-bit "
+                                       f"offsets), but got {values[0]} * {n} = {values[0] * n}")
+            out.append(tuple(values))
         return tuple(out)
+
+    def dynamic_m(self, s: dict[str, Any], path: str) -> tuple[bool, int | None]:
+        """(dynamic, max_m) from a set's `m` and `max_m` keys."""
+        dynamic = "m" in s
+        if dynamic and s["m"] != DYNAMIC:
+            raise self.fail(f"{path}.m", f"m must be {DYNAMIC!r} (m chosen at run time; for "
+                                         f"fixed m give [m, n, k] groups and no m key), but got "
+                                         f"{_got(s['m'])}")
+        if "max_m" not in s:
+            return dynamic, None
+        if not dynamic:
+            raise self.fail(f"{path}.max_m", f"max_m is only allowed with `m: {DYNAMIC}` (this "
+                                             f"set's groups fix m), but got {_got(s['max_m'])}")
+        max_m = self.integer(s["max_m"], f"{path}.max_m", "max_m")
+        if max_m <= 0:
+            raise self.fail(f"{path}.max_m", f"max_m must be > 0, but got {max_m}")
+        return dynamic, max_m
+
+    def max_m_fits(self, max_m: int | None, groups: tuple[tuple[int, ...], ...],
+                   path: str) -> None:
+        if max_m is None:
+            return
+        for g, (n, _) in enumerate(groups):
+            if max_m * n >= MN_LIMIT:
+                raise self.fail(f"{path}.max_m",
+                                f"max_m * n must be < 2^31 for every group (the kernels index C "
+                                f"with 32-bit offsets), but groups[{g}] has n = {n}: {max_m} * "
+                                f"{n} = {max_m * n}")
 
     def resolve(self, set_path: str, archs: tuple[str, ...],
                 acc: tuple[dict[str | None, tuple[int, ...]], bool] | None,
@@ -378,6 +438,9 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
                     raise c.fail(f"{path}.{key}.{arch}", f"{key} are given for {arch}, but the "
                                                          f"set builds only {list(archs)}")
         builds = c.resolve(path, archs, acc, own_opts, d_opts)
-        groups = c.groups(s["groups"], f"{path}.groups", archs)
-        sets.append(SetSpec(name=name, groups=groups, builds=builds))
+        dynamic, max_m = c.dynamic_m(s, path)
+        groups = c.groups(s["groups"], f"{path}.groups", archs, dynamic)
+        c.max_m_fits(max_m, groups, path)
+        sets.append(SetSpec(name=name, groups=groups, builds=builds, dynamic_m=dynamic,
+                            max_m=max_m))
     return ShapeSpec(source=source, sets=tuple(sets))

@@ -68,6 +68,22 @@ def check_compiled(ck: Any, item: BuildItem) -> None:
     check_abi(list(ck.params), ck.ptx, ck.symbol)
 
 
+def check_cubin_abi(entry: Any, cubin: bytes) -> None:
+    """The recorded ABI against the parameter list ptxas wrote into the cubin (.nv.info), the
+    same check the runtime makes at load and against cuFuncGetParamInfo: the PTX check above
+    compares with what the compiler was given, this one with what the driver will see."""
+    from runtime.errors import ArtifactError
+    from runtime.loader import check_param_layout, cubin_param_layout
+
+    try:
+        layout = cubin_param_layout(cubin, entry.symbol)
+        if layout is not None:  # None: a synthetic cubin with no sections (fake families)
+            check_param_layout(entry, layout)
+    except (ValueError, ArtifactError) as exc:
+        raise BuildError(f"the cubin of {entry.name} disagrees with its recorded launch ABI: "
+                         f"{exc}") from exc
+
+
 def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"name": item.name, "key": item.key}
     try:
@@ -77,17 +93,22 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
         compiler = family.compiler()  # first call imports cutlass: not part of compile time
         config = family.make_config(item.acc_stages, item.options_dict())
         start = time.perf_counter()
-        ck = compiler.compile_kernel(config, arch=item.arch, groups=[list(g) for g in item.groups])
+        ck = compiler.compile_kernel(config, arch=item.arch, groups=item.compile_groups())
         seconds = time.perf_counter() - start
         check_compiled(ck, item)
+        # Dynamic-m items: the family recorded the placeholder (m, n, k) rows it was given; the
+        # manifest gets the (n, k) list instead (builder/plan.py explains).
         kernel = {"symbol": ck.symbol, "params": list(ck.params), "block": list(ck.block),
                   "cluster": list(ck.cluster), "dynamic_smem": int(ck.dynamic_smem),
                   "grid": ck.grid, "tile": ck.tile, "tables": ck.tables,
-                  "constraints": ck.constraints, "sm_count": ck.sm_count}
+                  "constraints": item.recorded_constraints(ck.constraints),
+                  "sm_count": ck.sm_count}
         sha256 = hashlib.sha256(ck.cubin).hexdigest()
         # JSON round trip first: the parent sees exactly what the manifest will hold.
         kernel = json.loads(json.dumps(kernel))
-        validate_entry(new_entry(item, kernel, sha256, len(ck.cubin)))
+        entry = new_entry(item, kernel, sha256, len(ck.cubin))
+        validate_entry(entry)
+        check_cubin_abi(entry, ck.cubin)
         cubin = out_dir / f"{item.name}.cubin"
         cubin.write_bytes(ck.cubin)
         result.update(ok=True, compile_seconds=round(seconds, 3), cubin=cubin.name,

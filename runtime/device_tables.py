@@ -60,6 +60,12 @@ def upload(image: bytes, device: torch.device, stream: int) -> DeviceTable:
     return DeviceTable(dev, host, event, stream)
 
 
+def view(table: DeviceTable, offset: int, nbytes: int, stream: int) -> DeviceTable:
+    """Bytes [offset, offset + nbytes) of an uploaded table as a table of their own (one
+    upload for two tables: they share the device memory, the pinned source and the event)."""
+    return DeviceTable(table.tensor[offset:offset + nbytes], table.host, table.event, stream)
+
+
 class LruCache:
     """A bounded, thread-safe LRU map. Evicted tables are freed through torch's stream-ordered
     allocators (record_stream covers the other streams that used them)."""

@@ -1,9 +1,17 @@
 """Kernel selection: (device arch, per-group problem shapes) -> manifest entry.
 
 Indexed once at load, so a call is one dict lookup. The most specialized variant wins
-(style.md item 9): an exact-shape kernel first, then a dynamic-m kernel (groups declared as
-(n, k) with m left to run time) if the manifest has one. When nothing serves the call the error
-lists every built kernel, so the caller sees what to add to shapes.yaml.
+(style.md item 9): an exact-shape kernel first, then a dynamic-m kernel if the manifest has one.
+When nothing serves the call the error lists every built kernel, so the caller sees what to add
+to shapes.yaml.
+
+What an entry serves is its `constraints` record:
+- exact shapes: {"groups": [[m, n, k], ...], ...}: exactly that (m, n, k) list;
+- dynamic m (a shapes.yaml set with `m: dynamic`):
+  {"dynamic_m": {"groups": [[n, k], ...], "max_m": int or null}, ...}: every call with that
+  (n, k) list, in that order, and any m >= 0 per group (m = 0 included), up to max_m when it is
+  not null. The kernels themselves need no bound on m except m * n < 2^31 (32-bit C offsets),
+  which is checked here for every dynamic-m call.
 """
 
 from __future__ import annotations
@@ -11,10 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ManifestError, NoKernelError
+from .errors import InputError, ManifestError, NoKernelError
 from .manifest import ARCH_CAPABILITY, KernelEntry
 
 Shape = tuple[int, int, int]
+MN_LIMIT = 2**31  # the kernels index C with 32-bit offsets
+_DYNAMIC_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
 
 
 def arch_for_capability(capability: tuple[int, int]) -> str | None:
@@ -25,27 +35,58 @@ def arch_for_capability(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def _int_rows(entry: KernelEntry, width: int) -> tuple[tuple[int, ...], ...]:
-    groups = entry.constraints.get("groups")
+def _int_rows(entry: KernelEntry, groups: Any, width: int,
+              where: str) -> tuple[tuple[int, ...], ...]:
     if not isinstance(groups, list) or not groups:
-        raise ManifestError(f"kernel {entry.name!r}: constraints.groups must be a non-empty list, "
+        raise ManifestError(f"kernel {entry.name!r}: {where} must be a non-empty list, "
                             f"but got {groups!r}")
     rows = []
     for i, g in enumerate(groups):
         if (not isinstance(g, list) or len(g) != width
                 or any(isinstance(v, bool) or not isinstance(v, int) for v in g)):
-            raise ManifestError(f"kernel {entry.name!r}: constraints.groups[{i}] must be a list of "
+            raise ManifestError(f"kernel {entry.name!r}: {where}[{i}] must be a list of "
                                 f"{width} ints, but got {g!r}")
         rows.append(tuple(g))
     return tuple(rows)
 
 
-def _max_m(entry: KernelEntry) -> int | None:
-    value = entry.constraints.get("max_m")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ManifestError(f"kernel {entry.name!r}: constraints.max_m must be an int, "
-                            f"but got {value!r}")
-    return value
+def exact_groups(entry: KernelEntry) -> tuple[Shape, ...]:
+    """The (m, n, k) list an exact-shape entry serves."""
+    return _int_rows(entry, entry.constraints.get("groups"), 3,  # type: ignore[return-value]
+                     "constraints.groups")
+
+
+def dynamic_groups(entry: KernelEntry) -> tuple[tuple[tuple[int, int], ...], int | None] | None:
+    """((n, k) per group, max_m) of a dynamic-m entry; None for an exact-shape entry."""
+    c = entry.constraints
+    if "dynamic_m" not in c:
+        return None
+    dyn = c["dynamic_m"]
+    if not isinstance(dyn, dict) or "groups" not in dyn:
+        raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m must be an object "
+                            f"{_DYNAMIC_FORM}, but got {dyn!r}")
+    if "groups" in c:
+        raise ManifestError(f"kernel {entry.name!r}: constraints must have either groups "
+                            "(exact shapes) or dynamic_m, not both")
+    rows = _int_rows(entry, dyn["groups"], 2, "constraints.dynamic_m.groups")
+    for i, (n, k) in enumerate(rows):
+        if n <= 0 or k <= 0:
+            raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m.groups[{i}] must "
+                                f"have n, k > 0, but got {[n, k]}")
+    max_m = dyn.get("max_m")
+    if max_m is not None and (isinstance(max_m, bool) or not isinstance(max_m, int)
+                              or max_m < 1):
+        raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m.max_m must be a "
+                            f"positive int or null, but got {max_m!r}")
+    return rows, max_m  # type: ignore[return-value]
+
+
+def check_mn(shapes: tuple[Shape, ...]) -> None:
+    """m * n < 2^31 per group (exact sets are checked when shapes.yaml is read)."""
+    for g, (m, n, _) in enumerate(shapes):
+        if m * n >= MN_LIMIT:
+            raise InputError(f"a_list[{g}].shape[0] (m) must keep m * n < 2^31 (the kernels "
+                             f"index C with 32-bit offsets; n = {n}), but got {m}")
 
 
 class KernelIndex:
@@ -54,25 +95,31 @@ class KernelIndex:
     def __init__(self, kernels: Sequence[KernelEntry]) -> None:
         self.kernels = tuple(kernels)
         self._exact: dict[tuple[str, tuple[Shape, ...]], KernelEntry] = {}
-        self._dynamic: dict[tuple[str, tuple[tuple[int, int], ...]], list[KernelEntry]] = {}
+        self._dynamic: dict[tuple[str, tuple[tuple[int, int], ...]],
+                            list[tuple[KernelEntry, int | None]]] = {}
         for e in self.kernels:
-            if e.constraints.get("dynamic_m"):
-                nk = _int_rows(e, 2)
-                _max_m(e)
-                self._dynamic.setdefault((e.arch, nk), []).append(e)
+            dyn = dynamic_groups(e)
+            if dyn is not None:
+                nk, max_m = dyn
+                self._dynamic.setdefault((e.arch, nk), []).append((e, max_m))
             else:
                 # First entry wins on duplicates: manifest order is deterministic.
-                self._exact.setdefault((e.arch, _int_rows(e, 3)), e)  # type: ignore[arg-type]
+                self._exact.setdefault((e.arch, exact_groups(e)), e)
 
     def select(self, shapes: tuple[Shape, ...], arch: str | None, device: str = "") -> KernelEntry:
-        """The kernel for `shapes` ((m, n, k) per group) on a device of `arch`."""
+        """The kernel for `shapes` ((m, n, k) per group) on a device of `arch`.
+
+        Exact-shape kernels first; then the first dynamic-m kernel (manifest order) with the
+        call's (n, k) list whose max_m, if any, covers every m. Raises InputError when such a
+        kernel is found but some m * n reaches 2^31, NoKernelError when none is.
+        """
         entry = self._exact.get((arch, shapes)) if arch else None
         if entry is not None:
             return entry
-        if arch:
-            for e in self._dynamic.get((arch, tuple((n, k) for _, n, k in shapes)), ()):
-                limit = _max_m(e)
+        if arch and self._dynamic:
+            for e, limit in self._dynamic.get((arch, tuple((n, k) for _, n, k in shapes)), ()):
                 if limit is None or all(m <= limit for m, _, _ in shapes):
+                    check_mn(shapes)
                     return e
         raise NoKernelError(self.describe_miss(shapes, arch, device))
 
@@ -82,22 +129,30 @@ class KernelIndex:
         lines = [
             f"no built kernel serves {len(shapes)} group(s) with (m, n, k) = {list(shapes)} on "
             f"{where} ({target}); nothing was launched.",
-            f"Built kernels ({len(self.kernels)}):",
         ]
+        for e, limit in self._dynamic.get((arch, tuple((n, k) for _, n, k in shapes)), ()):
+            over = [(g, m) for g, (m, _, _) in enumerate(shapes) if limit is not None and m > limit]
+            lines.append(f"Kernel {e.name} has these (n, k) but serves m <= {limit} only; "
+                         f"(group, m) over it: {over}.")
+        lines.append(f"Built kernels ({len(self.kernels)}):")
         for e in self.kernels:
-            lines.append(f"  - set {e.set!r} {e.arch} ({e.name}): {_served(e)}")
+            lines.append(f"  - set {e.set!r} {e.arch} ({e.name}): {served(e)}")
         if not self.kernels:
             lines.append("  (none: the manifest is empty)")
         lines.append("Add the shapes to shapes.yaml and rebuild, or call with built shapes.")
         return "\n".join(lines)
 
 
-def _served(e: KernelEntry) -> str:
+def served(e: KernelEntry) -> str:
+    """What an entry serves, in words (for errors and listings)."""
+    try:
+        dyn = dynamic_groups(e)
+    except ManifestError:
+        return f"constraints {e.constraints!r}"
+    if dyn is not None:
+        nk, bound = dyn
+        return f"any m{f' <= {bound}' if bound is not None else ''}, (n, k) = {list(nk)}"
     groups: Any = e.constraints.get("groups")
-    if e.constraints.get("dynamic_m"):
-        bound = e.constraints.get("max_m")
-        pairs = [tuple(g) for g in groups] if isinstance(groups, list) else groups
-        return f"any m{f' <= {bound}' if bound is not None else ''}, (n, k) = {pairs}"
     if isinstance(groups, list):
         return f"(m, n, k) = {[tuple(g) for g in groups]}"
     return f"groups {groups!r}"

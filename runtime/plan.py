@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import ArtifactError, ManifestError
@@ -97,25 +96,80 @@ def grid_size(entry: KernelEntry, total_tiles: int, sm_count: int) -> int:
     return -(-grid // cx) * cx
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The shape-only part of a launch."""
+class _Record:
+    """A read-only record with keyword construction. Plain classes rather than dataclasses:
+    a dataclass costs about 1 ms to create at import, and imports are cold-start time."""
 
-    entry: KernelEntry
-    shapes: tuple[Shape, ...]
-    problem_sizes: bytes  # packed table, manifest column order and dtype
-    cta_prefix: tuple[int, ...]
-    total_tiles: int
-    grid: int
-    workspace_bytes: int
-    plan_tables: bytes  # problem_sizes at 0, cta_prefix at cta_prefix_offset (one upload)
-    cta_prefix_offset: int
-    pointer_columns: tuple[str, ...]
-    pointer_format: str  # struct code of one pointer-table cell
+    __slots__ = ()
+
+    def __init__(self, **values: Any) -> None:
+        if len(values) != len(self.__slots__):
+            raise TypeError(f"{type(self).__name__} takes exactly {sorted(self.__slots__)}, "
+                            f"but got {sorted(values)}")
+        for k, v in values.items():
+            object.__setattr__(self, k, v)  # AttributeError for a name not in __slots__
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class Plan(_Record):
+    """The shape-only part of a launch.
+
+    entry, shapes ((m, n, k) per group), problem_sizes (packed table, manifest column order and
+    dtype), cta_prefix, total_tiles, grid, workspace_bytes, plan_tables (problem_sizes at 0,
+    cta_prefix at cta_prefix_offset: one upload), cta_prefix_offset, pointer_columns,
+    pointer_format (struct code of one pointer-table cell).
+    """
+
+    __slots__ = ("entry", "shapes", "problem_sizes", "cta_prefix", "total_tiles", "grid",
+                 "workspace_bytes", "plan_tables", "cta_prefix_offset", "pointer_columns",
+                 "pointer_format")
 
     @property
     def num_groups(self) -> int:
         return len(self.shapes)
+
+
+class _Layout(_Record):
+    """What make_plan reads from an entry, validated once per entry (dynamic-m calls plan a
+    new shape list nearly every call): tile_m, tile_n, per_cta (workspace bytes per CTA),
+    size_index (problem_sizes columns as indices into (m, n, k, l)), size_format,
+    prefix_format, pointer_columns, pointer_format."""
+
+    __slots__ = ("tile_m", "tile_n", "per_cta", "size_index", "size_format", "prefix_format",
+                 "pointer_columns", "pointer_format")
+
+
+_LAYOUTS: dict[int, tuple[KernelEntry, _Layout]] = {}  # id(entry) -> (entry, layout)
+
+
+def _layout(entry: KernelEntry) -> _Layout:
+    hit = _LAYOUTS.get(id(entry))
+    if hit is not None and hit[0] is entry:
+        return hit[1]
+    tile_m, tile_n = entry.tile.get("m"), entry.tile.get("n")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in (tile_m, tile_n)):
+        raise ManifestError(f"kernel {entry.name!r}: tile must have positive int 'm' and 'n', "
+                            f"but got {entry.tile!r}")
+    per_cta = _table(entry, "tensormap_workspace").get("bytes_per_cta")
+    if isinstance(per_cta, bool) or not isinstance(per_cta, int) or per_cta < 0:
+        raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.bytes_per_cta "
+                            f"must be a non-negative int, but got {per_cta!r}")
+    cols = _columns(entry, "problem_sizes", ("m", "n", "k", "l"))
+    layout = _Layout(
+        tile_m=tile_m, tile_n=tile_n, per_cta=per_cta,
+        size_index=tuple("mnkl".index(c) for c in cols),
+        size_format=_format(entry, "problem_sizes"), prefix_format=_format(entry, "cta_prefix"),
+        pointer_columns=pointer_columns(entry), pointer_format=_pointer_format(entry))
+    if len(_LAYOUTS) > 4096:  # entries are few; only tests make thousands
+        _LAYOUTS.clear()
+    _LAYOUTS[id(entry)] = (entry, layout)  # the entry is kept, so its id is not reused
+    return layout
 
 
 def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Plan:
@@ -125,35 +179,36 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
             f"kernel {entry.name!r} was built for {entry.sm_count} SMs (baked into the cubin), "
             f"but the device has {sm_count}; rebuild it for this device"
         )
-    tile_m, tile_n = entry.tile.get("m"), entry.tile.get("n")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in (tile_m, tile_n)):
-        raise ManifestError(f"kernel {entry.name!r}: tile must have positive int 'm' and 'n', "
-                            f"but got {entry.tile!r}")
+    lay = _layout(entry)
     shapes = tuple((int(m), int(n), int(k)) for m, n, k in shapes)
-    prefix = cta_prefix(shapes, tile_m, tile_n)
-    total = prefix[-1]
+    tile_m, tile_n = lay.tile_m, lay.tile_n
+    prefix = [0]
+    total = 0
+    for m, n, _ in shapes:
+        total += (-(-m // tile_m)) * (-(-n // tile_n))
+        prefix.append(total)
     grid = grid_size(entry, total, sm_count)
-    per_cta = _table(entry, "tensormap_workspace").get("bytes_per_cta")
-    if isinstance(per_cta, bool) or not isinstance(per_cta, int) or per_cta < 0:
-        raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.bytes_per_cta "
-                            f"must be a non-negative int, but got {per_cta!r}")
-    sizes = problem_sizes_bytes(entry, shapes)
-    pfmt = _format(entry, "cta_prefix")
-    prefix_bytes = struct.pack(f"<{len(prefix)}{pfmt}", *prefix)
+    idx = lay.size_index
+    if idx == (0, 1, 2, 3):
+        values = [v for m, n, k in shapes for v in (m, n, k, 1)]
+    else:
+        values = [(m, n, k, 1)[i] for m, n, k in shapes for i in idx]
+    sizes = struct.pack(f"<{len(values)}{lay.size_format}", *values)
+    prefix_bytes = struct.pack(f"<{len(prefix)}{lay.prefix_format}", *prefix)
     offset = -(-len(sizes) // TABLE_ALIGN) * TABLE_ALIGN
     combined = sizes + bytes(offset - len(sizes)) + prefix_bytes
     return Plan(
         entry=entry,
         shapes=shapes,
         problem_sizes=sizes,
-        cta_prefix=prefix,
+        cta_prefix=tuple(prefix),
         total_tiles=total,
         grid=grid,
-        workspace_bytes=grid * per_cta,
+        workspace_bytes=grid * lay.per_cta,
         plan_tables=combined,
         cta_prefix_offset=offset,
-        pointer_columns=pointer_columns(entry),
-        pointer_format=_pointer_format(entry),
+        pointer_columns=lay.pointer_columns,
+        pointer_format=lay.pointer_format,
     )
 
 

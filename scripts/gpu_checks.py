@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python scripts/gpu_checks.py --artifacts artifacts [--seeds 3] [--pytest]
 
-For each kernel of the device's arch in the manifest, a child process (so a hang or a sticky CUDA
+For each kernel of the device's arch in the manifest (a dynamic-m kernel gets fresh m per group
+and seed, zeros included), a child process (so a hang or a sticky CUDA
 error costs one kernel, not the run) draws fresh random inputs per seed (e2m1 codes over the full
 range, scales 2^-6..2^6), poisons the outputs with NaN, launches through the runtime and compares
 with the float64 reference at rtol = atol = 1e-3. Then, with --pytest, the GPU test suite. A
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -27,11 +29,25 @@ def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
     import torch
 
     import runtime
+    from runtime.dispatch import dynamic_groups, exact_groups
     from runtime.nvfp4 import check_close, make_grouped_problem, reference_grouped_gemm
 
     gg = runtime.load(artifacts)
     entry = next(k for k in gg.kernels if k.name == name)
-    groups = [tuple(g) for g in entry.constraints["groups"]]
+    dyn = dynamic_groups(entry)
+
+    def groups_for(seed: int) -> list[tuple[int, int, int]]:
+        """The exact set's shapes, or for a dynamic-m kernel fresh m per group and seed (zeros
+        and m not a multiple of 8 included, at least one m > 0)."""
+        if dyn is None:
+            return list(exact_groups(entry))
+        nk, max_m = dyn
+        rng = random.Random(seed)
+        top = min(max_m or 300, 300)
+        ms = [rng.choice([0, 1, 13, rng.randint(0, top)]) for _ in nk]
+        ms[rng.randrange(len(ms))] = rng.randint(1, top)
+        return [(m, n, k) for m, (n, k) in zip(ms, nk)]
+
     rows = []
     # Fresh problems per seed with e2m1 codes over the full range and scales spanning 2^-6..2^6,
     # split so that every product is a multiple of 2^-8 and every partial sum stays below
@@ -44,6 +60,12 @@ def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
     cases = [("full", seed, *ranges[seed % 2]) for seed in range(seeds)]
     cases.append(("benchmark", seeds, (0, 0), None))
     for values, seed, exp_a, exp_b in cases:
+        groups = groups_for(seed)
+        served_by = gg.select(groups).name
+        if served_by != name:  # an exact set with these shapes would be preferred
+            rows.append({"seed": f"{values}-{seed}", "ok": False, "ms": 0.0,
+                         "report": f"shapes {groups} are served by {served_by}, not {name}"})
+            continue
         prob = make_grouped_problem(groups, seed=1000 + seed, device="cuda", values=values,
                                     scale_exp=exp_a, scale_exp_b=exp_b)
         outs = [torch.full((m, n), float("nan"), dtype=torch.float16, device="cuda")
@@ -57,6 +79,8 @@ def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
         exact = all(torch.equal(o, r.half()) for o, r in zip(outs, ref))
         ok = ok and exact
         report = f"bit-exact vs fp16(reference): {exact}; " + report
+        if dyn is not None:
+            report = f"m = {[g[0] for g in groups]}; " + report
         row = {"seed": f"{values}-{seed}", "ok": ok, "report": report, "ms": first_ms}
         if not ok:
             row["groups"] = [_diagnose(o, r) for o, r in zip(outs, ref)]

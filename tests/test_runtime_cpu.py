@@ -304,7 +304,7 @@ def test_dispatch_no_match_lists_what_was_built() -> None:
     e1, _ = entry("dense_a.sm_90a.acc1", set_="dense_a", groups=DENSE_A)
     e2, _ = entry("moe_down.sm_100a.acc2", set_="moe_down", arch="sm_100a", groups=MOE_DOWN)
     e3, _ = entry("moe_dyn.sm_90a.acc1", set_="moe_dyn", groups=[[7168, 2048]],
-                  constraints={"dynamic_m": True, "groups": [[7168, 2048]], "max_m": 4096})
+                  constraints={"dynamic_m": {"groups": [[7168, 2048]], "max_m": 4096}})
     index = KernelIndex([e1, e2, e3])
     with pytest.raises(NoKernelError) as exc:
         index.select(_shapes(MOE_DOWN), "sm_90a", "cuda:0 (NVIDIA H200, compute capability 9.0)")
@@ -330,7 +330,7 @@ def test_dispatch_device_without_a_built_arch() -> None:
 def test_dispatch_prefers_exact_then_dynamic_m() -> None:
     exact, _ = entry("moe.exact", set_="moe", groups=MOE_DOWN)
     dyn, _ = entry("moe.dyn", set_="moe_dyn",
-                   constraints={"dynamic_m": True, "groups": [[7168, 2048]] * 3, "max_m": 256})
+                   constraints={"dynamic_m": {"groups": [[7168, 2048]] * 3, "max_m": 256}})
     index = KernelIndex([dyn, exact])
     assert index.select(_shapes(MOE_DOWN), "sm_90a") is exact
     other = ((0, 7168, 2048), (13, 7168, 2048), (256, 7168, 2048))

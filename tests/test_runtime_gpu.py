@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import runtime
+from runtime.dispatch import dynamic_groups, exact_groups
 from runtime.errors import ArtifactError, InputError, NoKernelError
 from runtime.manifest import KernelEntry
 from runtime.validate import blocked_scale_numel
@@ -55,11 +56,12 @@ def entries(gg: runtime.GroupedGemm) -> list[KernelEntry]:
 
 
 def shapes_for(e: KernelEntry, rng: random.Random) -> tuple[tuple[int, int, int], ...]:
-    groups = e.constraints["groups"]
-    if not e.constraints.get("dynamic_m"):
-        return tuple(tuple(g) for g in groups)
-    top = min(e.constraints.get("max_m") or 300, 300)
-    return tuple((rng.choice([0, 1, 7, rng.randint(0, top)]), n, k) for n, k in groups)
+    dyn = dynamic_groups(e)
+    if dyn is None:
+        return exact_groups(e)
+    nk, max_m = dyn
+    top = min(max_m or 300, 300)
+    return tuple((rng.choice([0, 1, 7, rng.randint(0, top)]), n, k) for n, k in nk)
 
 
 def make_inputs(shapes, device, seed: int):
@@ -152,8 +154,8 @@ def test_toy_kernel_values(gg, entries) -> None:
     rng = random.Random(6)
     cases = []
     for e in toys:
-        if e.constraints.get("dynamic_m"):
-            nk = e.constraints["groups"]
+        if dynamic_groups(e) is not None:
+            nk = dynamic_groups(e)[0]
             cases += [tuple((m, n, k) for m, (n, k) in zip(ms, nk, strict=True)) for ms in (
                 [rng.choice([0, 1, 5, 129, rng.randint(0, 700)]) for _ in nk] for _ in range(6))]
             cases.append(tuple((2000 + 37 * i, n, k) for i, (n, k) in enumerate(nk)))
@@ -223,10 +225,10 @@ def test_bad_inputs_on_gpu_raise_before_launch(gg, entries) -> None:
 
 
 def test_all_m_zero_launches_nothing(gg, entries) -> None:
-    dyn = [e for e in entries if e.constraints.get("dynamic_m")]
+    dyn = [e for e in entries if dynamic_groups(e) is not None]
     if not dyn:
         pytest.skip("no dynamic-m kernel in the artifacts")
-    shapes = tuple((0, n, k) for n, k in dyn[0].constraints["groups"])
+    shapes = tuple((0, n, k) for n, k in dynamic_groups(dyn[0])[0])
     out = gg.grouped_gemm(*make_inputs(shapes, "cuda", 0))
     assert [tuple(c.shape) for c in out] == [(0, n) for _, n, _ in shapes]
 
@@ -327,3 +329,221 @@ def test_second_device_launches_there(gg, entries) -> None:
     with pytest.raises(InputError, match=r"^b_list\[0\] must be on cuda:0 \(the device of "
                                          r"a_list\[0\]\), but got cuda:1$"):
         gg.grouped_gemm(args0[0], mixed, args0[2], args0[3])
+
+
+# ------------------------------------------------------------------ dynamic m (issue 5)
+
+# Scale ranges that make every fp32 partial sum exact (scripts/gpu_checks.py explains): a correct
+# kernel's output equals fp16(float64 reference) exactly.
+EXACT = {"values": "full", "scale_exp": (0, 6), "scale_exp_b": (-6, -3)}
+
+
+def dynamic_entries(entries: list[KernelEntry]) -> list[KernelEntry]:
+    return [e for e in entries if dynamic_groups(e) is not None]
+
+
+def m_vectors(count: int, groups: int, seed: int, top: int = 300) -> list[list[int]]:
+    """`count` m vectors: the first ones pin the edge cases (zeros, m = 1, m not a multiple of
+    8, one past a 128-row tile), then random ones, each with m = 0 somewhere half the time."""
+    rng = random.Random(seed)
+    fixed = [[0] * groups, [1] * groups, [(13, 0, 129, 300, 7)[i % 5] for i in range(groups)],
+             [(0, 127, 128, 255)[i % 4] for i in range(groups)]]
+    out = [v for v in fixed][:count]
+    while len(out) < count:
+        v = [rng.choice([0, rng.randint(1, top), rng.randint(1, top) | 1]) for _ in range(groups)]
+        out.append(v)
+    return out
+
+
+def test_dynamic_m_kernel_serves_20_random_m_vectors_bit_exact(gg, entries) -> None:
+    """One dynamic-m cubin, 20 m vectors (zeros, m not a multiple of 8, m up to 300), each a
+    fresh problem, every output element equal to fp16 of the float64 reference."""
+    from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
+
+    dyn = dynamic_entries(entries)
+    if not dyn:
+        pytest.skip("no dynamic-m kernel in the artifacts")
+    # The small mixed set when built (per-group n and k), else the smallest dynamic kernel.
+    e = next((e for e in dyn if e.set == "mixed_any_m"),
+             min(dyn, key=lambda e: sum(n * k for n, k in dynamic_groups(e)[0])))
+    nk, _ = dynamic_groups(e)
+    vectors = m_vectors(20, len(nk), seed=5)
+    assert any(0 in v for v in vectors) and any(m % 8 for v in vectors for m in v)
+    for i, ms in enumerate(vectors):
+        shapes = tuple((m, n, k) for m, (n, k) in zip(ms, nk, strict=True))
+        assert gg.select(shapes).name == e.name, shapes
+        prob = make_grouped_problem(shapes, seed=300 + i, device="cuda", **EXACT)
+        out = poisoned(shapes, "cuda")
+        got = gg.grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, out=out)
+        ref = reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, shapes)
+        torch.cuda.synchronize()
+        assert [tuple(c.shape) for c in got] == [(m, n) for m, n, _ in shapes]
+        for g, (c, r) in enumerate(zip(got, ref, strict=True)):
+            assert torch.equal(c, r.half()), f"{e.name} m = {ms}: group {g} differs"
+
+
+def test_dynamic_m_moe_kernels_match_the_reference_on_row_prefixes(gg, entries) -> None:
+    """The moe (n, k) lists: one problem at m = 300 per group, then calls on row prefixes of it
+    (a[:m], and the first blocked_scale_numel(m, k) scale bytes: the blocked layout is M-block
+    outer), each compared with the same prefix of the reference. An m vector equal to an exact
+    set's shapes is served by the exact kernel instead, with the same results."""
+    from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
+
+    moe = [e for e in dynamic_entries(entries) if e.set.startswith("moe")]
+    if not moe:
+        pytest.skip("no moe dynamic-m kernel in the artifacts")
+    exact_by_nk = {tuple((n, k) for _, n, k in exact_groups(x)): x for x in entries
+                   if dynamic_groups(x) is None}
+    for e in moe:
+        nk, _ = dynamic_groups(e)
+        top = 300
+        full = tuple((top, n, k) for n, k in nk)
+        prob = make_grouped_problem(full, seed=17, device="cuda", **EXACT)
+        ref = reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, full)
+        vectors = m_vectors(6, len(nk), seed=9, top=top)
+        twin = exact_by_nk.get(nk)
+        if twin is not None:
+            vectors.append([m for m, _, _ in exact_groups(twin)])
+        for ms in vectors:
+            shapes = tuple((m, n, k) for m, (n, k) in zip(ms, nk, strict=True))
+            want = twin.name if twin is not None and shapes == exact_groups(twin) else e.name
+            assert gg.select(shapes).name == want, ms
+            a = [t[:m] for t, m in zip(prob.a, ms, strict=True)]
+            sfa = [t.view(-1)[:blocked_scale_numel(m, k)]
+                   for t, (m, _, k) in zip(prob.sfa, shapes, strict=True)]
+            got = gg.grouped_gemm(a, prob.b, sfa, prob.sfb, out=poisoned(shapes, "cuda"))
+            torch.cuda.synchronize()
+            for g, (c, r, m) in enumerate(zip(got, ref, ms, strict=True)):
+                assert torch.equal(c, r[:m].half()), f"{want} m = {ms}: group {g} differs"
+
+
+# ------------------------------------------------------------------ host fast path (issue 5)
+
+
+def test_fast_path_repeats_skip_validation_and_stay_exact(gg, entries, monkeypatch) -> None:
+    from runtime import api
+
+    if api.tensor_guard_type() is None:
+        pytest.skip("this torch has no usable TensorGuards: no fast path")
+    dyn = dynamic_entries(entries)
+    e = dyn[0] if dyn else entries[0]
+    shapes = shapes_for(e, random.Random(21))
+    if all(m == 0 for m, _, _ in shapes):
+        shapes = tuple((5, n, k) for _, n, k in shapes)
+    args = make_inputs(shapes, "cuda", 21)
+    expect = gg.grouped_gemm(*args)
+    out = poisoned(shapes, "cuda")
+    for _ in range(2):  # plan, then signature
+        gg.grouped_gemm(*args, out=out)
+    calls = []
+    real = api.check_inputs
+
+    def counting(*a):
+        calls.append(1)
+        return real(*a)
+
+    monkeypatch.setattr(api, "check_inputs", counting)
+    for c in out:
+        c.fill_(float("nan"))
+    gg.grouped_gemm(*args, out=out)
+    torch.cuda.synchronize()
+    assert calls == [] and same_bits(out, expect)
+    # Same shapes, new storage for out[0] through set_ (same object, shape, dtype, strides):
+    # the pointer set is new, so the full path validates it.
+    fresh = torch.full_like(out[0], float("nan"))
+    out[0].set_(fresh)
+    gg.grouped_gemm(*args, out=out)
+    torch.cuda.synchronize()
+    assert calls == [1] and same_bits(out, expect)
+    # A bad input with the signature of a good one cannot exist (the guard pins dtype, shape,
+    # strides, device), and an unaligned pointer set was never validated: the full path says so.
+    m, _, k = shapes[0]
+    if m > 0:
+        raw = torch.empty(m * k // 2 + 16, dtype=torch.uint8, device="cuda")
+        shifted = raw[8:8 + m * k // 2].view(m, k // 2).view(FP4)
+        with pytest.raises(InputError, match=r"^a_list\[0\] must start at a 16-byte aligned"):
+            gg.grouped_gemm([shifted] + list(args[0][1:]), *args[1:], out=out)
+
+
+def small_entry(entries: list[KernelEntry]) -> KernelEntry:
+    """The kernel with the least work per call (a tiny dynamic-m set when built)."""
+    def work(e: KernelEntry) -> int:
+        dyn = dynamic_groups(e)
+        shapes = exact_groups(e) if dyn is None else [(64, n, k) for n, k in dyn[0]]
+        return sum(m * n * k for m, n, k in shapes)
+
+    return min(entries, key=work)
+
+
+def test_fast_path_from_threads_and_streams(gg, entries) -> None:
+    """8 threads x 4 streams, each thread repeating one call with the same tensors (the fast
+    path after two calls): launches on one stream share that stream's workspace in stream
+    order, other streams use their own."""
+    e = small_entry(entries)
+    n_threads, n_streams, iters = 8, 4, 6
+    jobs = []
+    for t in range(n_threads):
+        shapes = shapes_for(e, random.Random(40 + t))
+        args = make_inputs(shapes, "cuda", 400 + t)
+        jobs.append((shapes, args, gg.grouped_gemm(*args)))
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(n_streams)]
+    outs = [poisoned(shapes, "cuda") for shapes, _, _ in jobs]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def work(t: int) -> None:
+        try:
+            _, args, _ = jobs[t]
+            s = streams[t % n_streams]
+            barrier.wait()
+            with torch.cuda.stream(s):
+                for _ in range(iters):
+                    gg.grouped_gemm(*args, out=outs[t])
+            s.synchronize()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    for t, (_, _, expect) in enumerate(jobs):
+        assert same_bits(outs[t], expect), f"thread {t}"
+
+
+def test_graph_capture_after_fast_path_warmup(gg, entries) -> None:
+    """Capturing a call whose signature and pointers are cached (fast path) still records a
+    launch with graph-owned tables and workspace, and eager calls on the capture stream keep
+    working afterwards."""
+    e = small_entry(entries)
+    shapes = shapes_for(e, random.Random(31))
+    static = make_inputs(shapes, "cuda", 31)
+    out = poisoned(shapes, "cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            gg.grouped_gemm(*static, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gg.grouped_gemm(*static, out=out)
+    for seed in (32, 33):
+        fresh = make_inputs(shapes, "cuda", seed)
+        for dst, src in zip(static, fresh, strict=True):
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)
+        for c in out:
+            c.fill_(float("nan"))
+        graph.replay()
+        expect = gg.grouped_gemm(*fresh)
+        torch.cuda.synchronize()
+        assert same_bits(out, expect), f"seed {seed}"
+    eager = poisoned(shapes, "cuda")
+    for _ in range(3):
+        gg.grouped_gemm(*static, out=eager)
+    torch.cuda.synchronize()
+    assert same_bits(eager, out)

@@ -106,14 +106,14 @@ CASES = [
      E + "defaults: unknown key 'group' (allowed keys: archs, acc_stages, options)"),
     ("    groups: [[40", "    grups: [[40",
      E + "sets[moe_down]: unknown key 'grups'; did you mean 'groups'? (allowed keys: name, "
-     "groups, archs, acc_stages, options)"),
+     "groups, m, max_m, archs, acc_stages, options)"),
     ("tile_m: 64", "tile_k: 64",
      E + "sets[moe_down].options.sm_90a: unknown key 'tile_k'; did you mean 'tile_m'? "
      "(allowed keys: tile_m, fail)"),
     # missing keys
     ("  - name: moe_down\n", "  - nmae: moe_down\n",
-     E + "sets[1]: unknown key 'nmae'; did you mean 'name'? (allowed keys: name, groups, "
-     "archs, acc_stages, options)"),
+     E + "sets[1]: unknown key 'nmae'; did you mean 'name'? (allowed keys: name, groups, m, "
+     "max_m, archs, acc_stages, options)"),
     ("    groups: [[80, 4096, 7168], [176, 4096, 7168]]\n", "",
      E + "sets[moe_gateup]: key 'groups' is missing"),
     ("  archs: [sm_90a, sm_100a]\n", "",
@@ -122,7 +122,8 @@ CASES = [
     ("[[40, 7168, 2048], [76, 7168, 2048], [168, 7168, 2048]]", "[]",
      E + "sets[moe_down].groups: groups must not be empty, but got an empty list"),
     ("[40, 7168, 2048]", "[40, 7168]",
-     E + "sets[moe_down].groups[0]: group must be a list [m, n, k], but got a list of 2"),
+     E + "sets[moe_down].groups[0]: group must be a list [m, n, k] (for m chosen at run time, "
+     "give the set `m: dynamic` and [n, k] groups), but got a list of 2"),
     ("[40, 7168, 2048]", "5",
      E + "sets[moe_down].groups[0]: group must be a list [m, n, k], but got int 5"),
     ("[40, 7168", "[true, 7168",
@@ -246,7 +247,8 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     for name, (ms, n, k) in BENCHMARK.items():
         assert sets[name].groups == tuple((m, n, k) for m in ms), name
     # Sets in the style of the public tests: n and k differ between groups.
-    style = [s for s in spec.sets if len({(g[1], g[2]) for g in s.groups}) > 1]
+    style = [s for s in spec.sets
+             if not s.dynamic_m and len({(g[1], g[2]) for g in s.groups}) > 1]
     assert len(style) >= 3
     for s in style:
         assert 2 <= len(s.groups) <= 4, s.name
@@ -258,3 +260,112 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     items = expand(spec, fams)
     assert len(items) == 3 * len(spec.sets)
     assert len({it.name for it in items}) == len(items)
+
+
+# --------------------------------------------------------------------------------------------
+# Dynamic-m sets (`m: dynamic`, groups of (n, k), optional max_m)
+# --------------------------------------------------------------------------------------------
+
+DYN = BASE + """\
+  - name: moe_any_m
+    m: dynamic
+    groups: [[4096, 7168], [7168, 2048]]
+    max_m: 4096
+"""
+
+
+def dyn_edit(old: str, new: str) -> str:
+    tail = DYN[len(BASE):]
+    assert old in tail, old
+    return BASE + tail.replace(old, new, 1)
+
+
+def test_dynamic_m_set_parses_to_n_k_groups(fams: Families) -> None:
+    spec = parse(DYN, fams)
+    builds = (ArchBuild("sm_90a", (1,), ()), ArchBuild("sm_100a", (1, 2), ()))
+    assert spec.sets[2] == SetSpec("moe_any_m", ((4096, 7168), (7168, 2048)), builds,
+                                   dynamic_m=True, max_m=4096)
+    assert spec.sets[0].dynamic_m is False and spec.sets[0].max_m is None
+    unbounded = parse(dyn_edit("    max_m: 4096\n", ""), fams).sets[2]
+    assert (unbounded.dynamic_m, unbounded.max_m) == (True, None)
+
+
+D = E + "sets[moe_any_m]"
+DYN_CASES = [
+    ("m: dynamic", "m: 128",
+     D + ".m: m must be 'dynamic' (m chosen at run time; for fixed m give [m, n, k] groups and "
+     "no m key), but got int 128"),
+    ("m: dynamic", "m: Dynamic",
+     D + ".m: m must be 'dynamic' (m chosen at run time; for fixed m give [m, n, k] groups and "
+     "no m key), but got str 'Dynamic'"),
+    ("m: dynamic", "m:",
+     D + ".m: m must be 'dynamic' (m chosen at run time; for fixed m give [m, n, k] groups and "
+     "no m key), but got null"),
+    ("[4096, 7168], [7168", "[64, 4096, 7168], [7168",
+     D + ".groups[0]: group must be a list [n, k] (the set has m: dynamic), but got a list of 3"),
+    ("[[4096, 7168], [7168, 2048]]", "[[4096, 7168], 7168]",
+     D + ".groups[1]: group must be a list [n, k] (the set has m: dynamic), but got int 7168"),
+    ("[[4096, 7168], [7168, 2048]]", "[]",
+     D + ".groups: groups must not be empty, but got an empty list"),
+    ("[4096, 7168],", "['4096', 7168],",
+     D + ".groups[0][0]: n must be an int, but got str '4096'"),
+    ("[4096, 7168],", "[4096, true],",
+     D + ".groups[0][1]: k must be an int, but got bool True"),
+    ("[4096, 7168],", "[0, 7168],", D + ".groups[0][0]: n must be > 0, but got 0"),
+    ("[7168, 2048]]", "[7168, -256]]", D + ".groups[1][1]: k must be > 0, but got -256"),
+    ("[4096, 7168],", "[4000, 7168],",
+     D + ".groups[0][0]: n must be a multiple of 128 (the sm_90a kernel's N multiple), but got "
+     "4000"),
+    ("[7168, 2048]]", "[7168, 2000]]",
+     D + ".groups[1][1]: k must be a multiple of 256 (the sm_90a kernel's K tile), but got "
+     "2000"),
+    ("max_m: 4096", "max_m: 0", D + ".max_m: max_m must be > 0, but got 0"),
+    ("max_m: 4096", "max_m: 4k", D + ".max_m: max_m must be an int, but got str '4k'"),
+    ("max_m: 4096", "max_m: true", D + ".max_m: max_m must be an int, but got bool True"),
+    ("max_m: 4096", "max_m: 300000",
+     D + ".max_m: max_m * n must be < 2^31 for every group (the kernels index C with 32-bit "
+     "offsets), but groups[1] has n = 7168: 300000 * 7168 = 2150400000"),
+    ("    m: dynamic\n", "",
+     D + ".max_m: max_m is only allowed with `m: dynamic` (this set's groups fix m), but got "
+     "int 4096"),
+    ("    m: dynamic\n    groups: [[4096, 7168], [7168, 2048]]\n    max_m: 4096\n",
+     "    groups: [[4096, 7168], [7168, 2048]]\n",
+     D + ".groups[0]: group must be a list [m, n, k] (for m chosen at run time, give the set "
+     "`m: dynamic` and [n, k] groups), but got a list of 2"),
+    ("max_m: 4096", "max_m: 4096\n    m_max: 1",
+     D + ": unknown key 'm_max'; did you mean 'max_m'? (allowed keys: name, groups, m, max_m, "
+     "archs, acc_stages, options)"),
+    ("    m: dynamic\n", "    m: dynamic\n    m: dynamic\n",
+     E + "line 13, column 5: duplicate key 'm' (first written on line 12)"),
+]
+
+
+@pytest.mark.parametrize("old,new,message", DYN_CASES, ids=[c[2][len(D):70] for c in DYN_CASES])
+def test_invalid_dynamic_m_set_message(fams: Families, old: str, new: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(dyn_edit(old, new), fams)
+    assert str(info.value) == message
+
+
+def test_exact_group_m_times_n_must_fit_32_bits(fams: Families) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(edit("[40, 7168, 2048]", "[300000, 7168, 2048]"), fams)
+    assert str(info.value) == (E + "sets[moe_down].groups[0]: m * n must be < 2^31 (the kernels "
+                               "index C with 32-bit offsets), but got 300000 * 7168 = 2150400000")
+    # 2^31 - 1 fits: 2^31 = 2147483648 is the first product refused.
+    ok = parse(edit("[40, 7168, 2048]", "[299593, 7168, 2048]"), fams)  # 2147482624
+    assert ok.sets[1].groups[0] == (299593, 7168, 2048)
+
+
+def test_default_shapes_yaml_declares_dynamic_m_sets() -> None:
+    fams = load_families("kernels.families")
+    sets = {s.name: s for s in load_spec(REPO / "shapes.yaml", fams).sets}
+    for name, exact in (("moe_gateup_any_m", "moe_gateup"), ("moe_down_any_m", "moe_down")):
+        dyn = sets[name]
+        assert dyn.dynamic_m and dyn.max_m == 4096
+        assert dyn.groups == tuple((n, k) for _, n, k in sets[exact].groups), name
+    mixed = sets["mixed_any_m"]
+    assert mixed.dynamic_m and mixed.max_m is None
+    assert len({n for n, _ in mixed.groups}) > 1 and len({k for _, k in mixed.groups}) > 1
+    # Tiny sets for bench/host_cost.py: G = 2 and G = 8, one 128-row tile of n per group.
+    assert [len(sets[n].groups) for n in ("tiny2_any_m", "tiny8_any_m")] == [2, 8]

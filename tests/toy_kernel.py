@@ -30,8 +30,8 @@ TILE = 128
 THREADS = 128
 SETS: dict[str, dict[str, Any]] = {
     "toy_exact": {"groups": [[40, 256, 512], [300, 384, 256], [1, 128, 1024]]},
-    "toy_dyn": {"dynamic_m": True, "groups": [[256, 512], [128, 256]]},
-    "toy_dyn8": {"dynamic_m": True, "groups": [[128, 256], [256, 512]] * 4},
+    "toy_dyn": {"dynamic_m": {"groups": [[256, 512], [128, 256]], "max_m": None}},
+    "toy_dyn8": {"dynamic_m": {"groups": [[128, 256], [256, 512]] * 4, "max_m": None}},
 }
 
 
