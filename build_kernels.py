@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build, list, verify and merge ahead-of-time NVFP4 grouped-GEMM artifacts.
+"""Build, list, inspect, verify, merge and package ahead-of-time NVFP4 grouped-GEMM artifacts.
 
 Runs on a machine with no GPU. Only the worker subprocesses import the CuTe DSL, each with
 CUTE_DSL_ARCH pinned before the import; this process stays light so that a no-op build is fast.
@@ -26,7 +26,9 @@ Examples:
   python build_kernels.py build --shard 1/2 --out shard1    (CI machine 2)
   python build_kernels.py merge artifacts shard0 shard1
   python build_kernels.py list artifacts
+  python build_kernels.py inspect moe_down.sm_90a.acc1
   python build_kernels.py verify artifacts
+  python build_kernels.py package artifacts --out dist --name moe
 
 \b
 Exit codes: 0 ok, 1 build or verify failed, 2 invalid shapes.yaml or arguments.
@@ -34,7 +36,15 @@ Exit codes: 0 ok, 1 build or verify failed, 2 invalid shapes.yaml or arguments.
 Environment:
   NVFP4_BUILD_FAMILIES  module that defines FAMILIES (default kernels.families); for tests
   CUTE_DSL_ARCH         set per worker by the builder; any value you set is overridden
+  SOURCE_DATE_EPOCH     timestamp of the files in a `package` wheel (default 1980-01-01)
+
+Run `python build_kernels.py COMMAND --help` for each command's options and examples.
 """
+
+
+def _examples(*lines: str) -> str:
+    """A command epilog that click prints as written (\\b stops rewrapping)."""
+    return "\b\nExamples:\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
 class DefaultGroup(click.Group):
@@ -96,7 +106,11 @@ class _Progress:
             self.bar = None
 
 
-@main.command(short_help="Compile shapes.yaml into cubins + manifest.json.")
+@main.command(short_help="Compile shapes.yaml into cubins + manifest.json.",
+              epilog=_examples("python build_kernels.py build",
+                               "python build_kernels.py build -j 8 --force",
+                               "python build_kernels.py build --only moe_down --out /tmp/moe",
+                               "python build_kernels.py build --shard 0/2 --out shard0"))
 @click.option("--spec", "spec_path", default="shapes.yaml", show_default=True,
               type=click.Path(dir_okay=False), help="Shape sets to build.")
 @click.option("--out", default="artifacts", show_default=True, type=click.Path(file_okay=False),
@@ -167,26 +181,81 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
                f"{len(report.rows) - compiled} reused; {state}")
 
 
-@main.command(name="list")
-@click.argument("directory", default="artifacts", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def list_cmd(directory: str, as_json: bool) -> None:
-    """List the kernels of an artifact directory."""
-    from builder.report import list_rows, list_table
+ARTIFACTS_HELP = ("Artifact directory, or pkg:NAME for an installed artifact package "
+                  "(see `package`).")
+
+
+def _open_manifest(directory: str) -> Any:
     from runtime.errors import ManifestError
     from runtime.manifest import load_manifest
+    from runtime.packages import resolve
 
     try:
-        manifest = load_manifest(directory)
+        path = resolve(directory)
+        return path, load_manifest(path)
     except ManifestError as exc:
         _fail(str(exc), 1)
+
+
+@main.command(name="list", short_help="List the kernels of an artifact directory.",
+              epilog=_examples("python build_kernels.py list",
+                               "python build_kernels.py list /tmp/moe --json | jq '.[].kernel'",
+                               "python build_kernels.py list pkg:moe      (an installed package)"))
+@click.argument("directory", default="artifacts", metavar="[DIR]")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON (one object per kernel: kernel, arch, acc, symbol, cubin_kib, "
+                   "smem, groups) instead of a table.")
+def list_cmd(directory: str, as_json: bool) -> None:
+    """List the kernels of DIR (default: artifacts): what each serves, its symbol and its
+    resources (block, cluster, shared memory, cubin size, sha256 prefix, parameters)."""
+    from builder.report import list_rows, list_table
+
+    _, manifest = _open_manifest(directory)
     if as_json:
         click.echo(json.dumps(list_rows(manifest.kernels), indent=1))
     else:
         click.echo(list_table(manifest.kernels))
 
 
-@main.command(short_help="Re-check an artifact directory.")
+@main.command(short_help="Show kernels in full: what they serve, launch ABI, resources.",
+              epilog=_examples("python build_kernels.py inspect moe_down.sm_90a.acc1",
+                               "python build_kernels.py inspect moe_down      (every kernel of a "
+                               "set)",
+                               "python build_kernels.py inspect '*.sm_90a.*' --artifacts /tmp/moe",
+                               "python build_kernels.py inspect dense_a.sm_90a.acc1 --json"))
+@click.argument("kernel")
+@click.option("--artifacts", "directory", default="artifacts", show_default=True,
+              help=ARTIFACTS_HELP)
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list of the full manifest entries (plus served, param_bytes).")
+def inspect(kernel: str, directory: str, as_json: bool) -> None:
+    """Show KERNEL: a kernel name, a set name (all its kernels) or a glob pattern.
+
+    Prints what it serves, its symbol, options, resources (block, cluster, dynamic shared
+    memory, grid policy, cubin size and sha256) and its launch ABI: each parameter's name,
+    kind, offset, size, alignment and how the runtime fills it, and for TMA templates the
+    cuTensorMapEncodeTiled geometry (dtype, box, swizzle, ...).
+    """
+    import fnmatch
+
+    from builder.report import inspect_dict, inspect_text
+
+    path, manifest = _open_manifest(directory)
+    found = [e for e in manifest.kernels if e.name == kernel]
+    found = found or [e for e in manifest.kernels if e.set == kernel]
+    found = found or [e for e in manifest.kernels if fnmatch.fnmatchcase(e.name, kernel)]
+    if not found:
+        _fail(f"KERNEL must name a kernel, a set or a pattern matching kernels of {path}, but "
+              f"got {kernel!r}; kernels: {', '.join(e.name for e in manifest.kernels)}", 2)
+    if as_json:
+        click.echo(json.dumps([inspect_dict(e, str(path)) for e in found], indent=1))
+    else:
+        click.echo("\n\n".join(inspect_text(e, str(path)) for e in found))
+
+
+@main.command(short_help="Re-check an artifact directory.",
+              epilog=_examples("python build_kernels.py verify artifacts",
+                               "Exit code 1 and one line per problem when anything is off."))
 @click.argument("directory", type=click.Path(file_okay=False))
 def verify(directory: str) -> None:
     """Re-check schema, sha256, ELF arch and symbol of every cubin, and stray files."""
@@ -204,7 +273,10 @@ def verify(directory: str) -> None:
     click.echo(f"{directory}: ok ({n} kernel(s); every cubin matches its sha256, arch and symbol)")
 
 
-@main.command()
+@main.command(short_help="Combine shard artifact directories into one.",
+              epilog=_examples("python build_kernels.py build --shard 0/2 --out shard0",
+                               "python build_kernels.py build --shard 1/2 --out shard1",
+                               "python build_kernels.py merge artifacts shard0 shard1"))
 @click.argument("out", type=click.Path(file_okay=False))
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
 @click.option("--lock-timeout", default=300.0, show_default=True, type=float)
@@ -218,6 +290,48 @@ def merge(out: str, dirs: tuple[str, ...], lock_timeout: float) -> None:
         _fail(str(exc), 1)
     click.echo(f"{out}: merged {len(manifest.kernels)} kernel(s) from {len(dirs)} director"
                f"{'y' if len(dirs) == 1 else 'ies'}")
+
+
+@main.command(short_help="Turn an artifact directory into an installable wheel.",
+              epilog=_examples(
+                  "python build_kernels.py package artifacts --out dist --name moe",
+                  "python build_kernels.py package artifacts --arch sm_90a --version 1.2.0",
+                  "pip install --no-index --no-deps dist/nvfp4_artifacts_moe-*.whl",
+                  "python -c \"import runtime; gg = runtime.load('pkg:moe')\"",
+                  "python -m runtime.packages --verify        (list installed packages)"))
+@click.argument("directory", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", default="dist", show_default=True, type=click.Path(file_okay=False),
+              help="Directory to write the wheel into.")
+@click.option("--name", default="default", show_default=True,
+              help="Package name: distribution nvfp4-artifacts-NAME, import package "
+                   "nvfp4_artifacts_NAME, loaded as runtime.load('pkg:NAME').")
+@click.option("--version", "version", default=None, show_default="the runtime's version",
+              help="Wheel version (PEP 440).")
+@click.option("--arch", "archs", multiple=True, metavar="ARCH",
+              help="Package only this arch's kernels (repeatable), e.g. sm_90a for a Hopper host.")
+def package(directory: str, out: str, name: str, version: str | None,
+            archs: tuple[str, ...]) -> None:
+    """Turn artifact DIRECTORY into a wheel nvfp4_artifacts_NAME-VERSION-py3-none-any.whl.
+
+    The directory must verify first. The wheel holds manifest.json, the cubins and a
+    package.json that locks it to this runtime's manifest schema; an entry point in group
+    nvfp4_grouped_gemm.artifacts lets the runtime find it once installed, with no path.
+    Written with the standard library only; reproducible (same artifacts, same bytes).
+    """
+    from builder.package import PackageError, PackageUsageError, build_wheel
+    from runtime.packages import ENTRY_POINT_GROUP
+
+    try:
+        r = build_wheel(directory, out, name=name, version=version, archs=archs)
+    except PackageUsageError as exc:
+        _fail(str(exc), 2)
+    except (PackageError, BuilderError) as exc:
+        _fail(str(exc), 1)
+    click.echo(f"{r.wheel}: {len(r.kernels)} kernel(s), {r.bytes / 2**20:.2f} MiB "
+               f"(distribution {r.distribution} {r.version}, entry point "
+               f"{ENTRY_POINT_GROUP}:{r.name})")
+    click.echo(f"  install: pip install --no-index --no-deps {r.wheel}")
+    click.echo(f"  load:    runtime.load(\"pkg:{r.name}\")")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ __all__ = [
     "E4M3_MAX",
     "SF_VEC",
     "GroupedProblem",
+    "QuantizedGroups",
+    "apply_alpha",
     "as_uint8",
     "blocked_scale_numel",
     "blocked_scale_offset",
@@ -36,8 +38,10 @@ __all__ = [
     "dequantize_nvfp4",
     "fp4_to_float",
     "from_blocked",
+    "global_scale_for",
     "make_grouped_problem",
     "pack_fp4",
+    "quantize_grouped",
     "quantize_nvfp4",
     "random_nvfp4",
     "reference_grouped_gemm",
@@ -279,6 +283,106 @@ def dequantize_nvfp4(
     if global_scale is not None:
         out = out * float(global_scale)
     return out
+
+
+def global_scale_for(x: torch.Tensor, max_block_scale: float = E4M3_MAX) -> float:
+    """Per-tensor global scale for `quantize_nvfp4(x, global_scale=...)`: amax / (6 *
+    max_block_scale), rounded to float32 (the kernels' alpha is fp32), 1.0 for an all-zero x.
+
+    With the default the largest block scale lands on 448, the top of e4m3, which keeps the most
+    range below it (2^-9..448) for small blocks: the usual NVFP4 recipe for tensors whose
+    magnitudes are far from 1. While the kernels do not apply alpha, their fp16 output holds the
+    UNSCALED product, up to 2688^2 * K: pass a small max_block_scale (e.g. 1.0) then, so that
+    output fits fp16, at the cost of flushing blocks below amax * 2^-9 / 6 to zero.
+    """
+    if not (math.isfinite(max_block_scale) and 0 < max_block_scale <= E4M3_MAX):
+        raise InputError(f"max_block_scale must be in (0, {E4M3_MAX}], but got {max_block_scale}")
+    amax = float(x.detach().abs().amax().double()) if x.numel() else 0.0
+    if not math.isfinite(amax):
+        raise InputError("x must be finite, but it contains NaN or Inf")
+    if amax == 0.0:
+        return 1.0
+    gs = float(torch.tensor(amax / (E2M1_MAX * max_block_scale), dtype=torch.float32))
+    if not gs > 0.0:  # amax so small that the quotient underflows fp32
+        raise InputError(f"x's amax {amax!r} is too small for an fp32 global scale")
+    return gs
+
+
+@dataclass
+class QuantizedGroups:
+    """Operands of one grouped GEMM quantized from real values, in the kernels' formats.
+
+    a[g]: uint8 (m, k // 2); b[g]: uint8 (n, k // 2); sfa[g] / sfb[g]: 1-D float8_e4m3fn in the
+    blocked layout; global_a / global_b: the per-tensor global scales used (1.0 without);
+    alpha: float32 (G,) on the CPU, alpha[g] = float32(global_a[g] * global_b[g]).
+
+    C_g ~= alpha[g] * (A_g * SFA_g) @ (B_g * SFB_g)^T. The kernels compute the product WITHOUT
+    alpha (they have no alpha input yet): multiply their outputs with `apply_alpha`, and compare
+    against `reference()`, which includes alpha.
+    """
+
+    shapes: list[tuple[int, int, int]]
+    a: list[torch.Tensor] = field(default_factory=list)
+    b: list[torch.Tensor] = field(default_factory=list)
+    sfa: list[torch.Tensor] = field(default_factory=list)
+    sfb: list[torch.Tensor] = field(default_factory=list)
+    global_a: list[float] = field(default_factory=list)
+    global_b: list[float] = field(default_factory=list)
+    alpha: torch.Tensor = field(default_factory=lambda: torch.ones(0, dtype=torch.float32))
+
+    def reference(self) -> list[torch.Tensor]:
+        """float64 alpha[g] * C_g per group (see `reference_grouped_gemm`)."""
+        return reference_grouped_gemm(self.a, self.b, self.sfa, self.sfb, self.shapes,
+                                      alpha=self.alpha.tolist())
+
+
+def quantize_grouped(
+    a_list: Sequence[torch.Tensor],
+    b_list: Sequence[torch.Tensor],
+    *,
+    global_scale: bool = False,
+    max_block_scale: float = E4M3_MAX,
+) -> QuantizedGroups:
+    """Quantize real operands A_g (m, K) and B_g (n, K) (K-major, like the kernels' inputs) to
+    NVFP4 with blocked scales. global_scale=True gives each tensor its own `global_scale_for`
+    scale and carries their product per group as fp32 alpha; otherwise alpha is 1.
+    """
+    if len(a_list) != len(b_list):
+        raise InputError(f"a_list and b_list must have the same number of groups, but got "
+                         f"{len(a_list)} and {len(b_list)}")
+    q = QuantizedGroups(shapes=[])
+    alpha = []
+    for g, (x, w) in enumerate(zip(a_list, b_list)):
+        if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+            raise InputError(f"group {g}: a must be (m, K) and b (n, K) with the same K, but got "
+                             f"shapes {tuple(x.shape)} and {tuple(w.shape)}")
+        gx = global_scale_for(x, max_block_scale) if global_scale else 1.0
+        gw = global_scale_for(w, max_block_scale) if global_scale else 1.0
+        a, sa = quantize_nvfp4(x, gx if global_scale else None)
+        b, sb = quantize_nvfp4(w, gw if global_scale else None)
+        q.shapes.append((x.shape[0], w.shape[0], x.shape[1]))
+        q.a.append(a)
+        q.b.append(b)
+        q.sfa.append(to_blocked(sa))
+        q.sfb.append(to_blocked(sb))
+        q.global_a.append(gx)
+        q.global_b.append(gw)
+        alpha.append(gx * gw)
+    q.alpha = torch.tensor(alpha, dtype=torch.float32)
+    return q
+
+
+def apply_alpha(
+    outs: Sequence[torch.Tensor], alpha: torch.Tensor | Sequence[float]
+) -> list[torch.Tensor]:
+    """out[g] * alpha[g] in float32, back to out[g]'s dtype: the caller's epilogue until the
+    kernels take alpha. Two roundings (the kernel's fp16 output, then this), and the unscaled
+    fp16 output must not overflow first (see `global_scale_for`)."""
+    vals = alpha.tolist() if isinstance(alpha, torch.Tensor) else list(alpha)
+    if len(vals) != len(outs):
+        raise InputError(f"alpha must have {len(outs)} entries, but got {len(vals)}")
+    return [(o.float() * float(torch.tensor(v, dtype=torch.float32))).to(o.dtype)
+            for o, v in zip(outs, vals)]
 
 
 # --------------------------------------------------------------------------------------------

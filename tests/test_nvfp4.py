@@ -18,6 +18,7 @@ from runtime import nvfp4
 from runtime.nvfp4 import (
     E2M1_VALUES,
     SF_VEC,
+    apply_alpha,
     as_uint8,
     blocked_scale_numel,
     blocked_scale_offset,
@@ -25,8 +26,10 @@ from runtime.nvfp4 import (
     dequantize_nvfp4,
     fp4_to_float,
     from_blocked,
+    global_scale_for,
     make_grouped_problem,
     pack_fp4,
+    quantize_grouped,
     quantize_nvfp4,
     random_nvfp4,
     reference_grouped_gemm,
@@ -370,6 +373,119 @@ def test_quantize_rejects_bad_input():
         quantize_nvfp4(torch.zeros(2, 24))
     with pytest.raises(ValueError, match="global_scale"):
         quantize_nvfp4(torch.zeros(2, 32), global_scale=0.0)
+
+
+# Global scales that keep every on-grid value exact in the dtype: e2m1 x e4m3 has at most 5
+# significant bits with its lowest set bit >= 2^-10 and its top <= 2688, so a power-of-two
+# global scale keeps it exact as long as the dtype's range covers it (fp16: 2^-24 .. 65504).
+EXACT_GLOBAL_SCALES = {
+    torch.float32: (2.0**-40, 2.0**40),
+    torch.bfloat16: (2.0**-40, 2.0**40),
+    torch.float16: (2.0**-14, 2.0**4),
+}
+
+
+def every_code_operand(rows: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """on_grid_operand with each of the 16 codes present in every row."""
+    packed, scales = on_grid_operand(rows, k, seed)
+    codes = unpack_fp4(packed)
+    codes[:, 16:32] = torch.tensor([7, *range(1, 7), 0, 8, *range(9, 16)], dtype=torch.uint8)
+    scales = scales.view(torch.uint8).clone()
+    scales[:, 1] = torch.randint(1, 0x7F, (rows,), generator=gen(seed + 1), dtype=torch.uint8)
+    return pack_fp4(codes), scales.view(E4M3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("which", [0, 1])
+def test_round_trip_every_code_with_global_scale_and_blocked_scales(dtype, which):
+    """bf16/fp16/fp32 values on the e2m1 grid times e4m3 block scales times a global scale come
+    back exactly: same codes, same scale bytes, and the blocked layout (kernels' input) maps
+    back to the same plain scales."""
+    gs = EXACT_GLOBAL_SCALES[dtype][which]
+    rows, k = 40, 256
+    packed, scales = every_code_operand(rows, k, seed=13)
+    x = dequantize_nvfp4(packed, scales, gs)
+    x_in = x.to(dtype)
+    assert torch.equal(x_in.to(torch.float32), x), "the test data itself must be exact"
+    q, s = quantize_nvfp4(x_in, global_scale=gs)
+    assert torch.equal(s.view(torch.uint8), scales.view(torch.uint8))
+    assert torch.equal(canonical(unpack_fp4(q)), canonical(unpack_fp4(packed)))
+    blocked = to_blocked(s)
+    assert blocked.numel() == blocked_scale_numel(rows, k)
+    assert torch.equal(dequantize_nvfp4(q, from_blocked(blocked, rows, k), gs), x)
+    # the grouped helper with explicit-scale-free quantization agrees with the plain path
+    qg = quantize_grouped([x_in / gs], [x_in[:8] / gs])
+    assert torch.equal(qg.a[0], q) and torch.equal(qg.sfa[0], blocked)
+    assert qg.alpha.tolist() == [1.0] and qg.global_a == [1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("max_block_scale", [448.0, 1.0, 6.5])
+def test_global_scale_for_puts_the_largest_block_scale_on_target(dtype, max_block_scale):
+    x = (torch.randn(16, 256, generator=gen(4)) * 3).to(dtype)
+    gs = global_scale_for(x, max_block_scale)
+    assert float(torch.tensor(gs, dtype=torch.float32)) == gs  # an fp32 value: the kernels' alpha
+    _, s = quantize_nvfp4(x, global_scale=gs)
+    target = float(torch.tensor(max_block_scale).to(E4M3).float())  # 6.5 is no e4m3 value
+    assert s.float().max().item() == target
+    assert global_scale_for(torch.zeros(4, 32, dtype=dtype)) == 1.0
+    with pytest.raises(ValueError, match="max_block_scale must be in"):
+        global_scale_for(x, 500.0)
+    with pytest.raises(ValueError, match="finite"):
+        global_scale_for(torch.tensor([float("inf")]))
+
+
+@pytest.mark.parametrize("dtype,big,small", [(torch.float32, 1e8, 1e-9),
+                                             (torch.bfloat16, 1e8, 1e-9),
+                                             (torch.float16, 5e3, 1e-4)])
+def test_global_scale_extends_the_range_beyond_e4m3(dtype, big, small):
+    """Without a global scale, block scales saturate at 448 (amax > 2688) or flush to 0
+    (amax < 6 * 2^-10); with one, the usual NVFP4 error is back (< 15% relative)."""
+    for mag in (big, small):
+        x = (torch.randn(8, 256, generator=gen(5)) * mag).to(dtype)
+        d0 = dequantize_nvfp4(*quantize_nvfp4(x))
+        gs = global_scale_for(x)
+        d1 = dequantize_nvfp4(*quantize_nvfp4(x, global_scale=gs), global_scale=gs)
+        e0, e1 = (((x.double() - d.double()).norm() / x.double().norm()).item()
+                  for d in (d0, d1))
+        assert e0 > 0.5, (mag, e0)
+        assert e1 < 0.15, (mag, e1)
+
+
+def test_quantize_grouped_alpha_and_reference():
+    g = gen(6)
+    shapes = [(40, 128, 256), (8, 256, 512)]
+    xs = [(torch.randn(m, k, generator=g) * 100).to(torch.bfloat16) for m, _, k in shapes]
+    ws = [(torch.randn(n, k, generator=g) * 1e-3).half() for _, n, k in shapes]
+    q = quantize_grouped(xs, ws, global_scale=True)
+    assert q.shapes == shapes and q.alpha.dtype == torch.float32 and q.alpha.shape == (2,)
+    for i in range(2):
+        assert q.global_a[i] == global_scale_for(xs[i])
+        assert q.global_b[i] == global_scale_for(ws[i])
+        assert q.alpha[i].item() == float(torch.tensor(q.global_a[i] * q.global_b[i],
+                                                       dtype=torch.float32))
+        assert q.sfa[i].dtype == E4M3 and q.sfa[i].dim() == 1
+    ref = q.reference()
+    for i, (m, n, k) in enumerate(shapes):
+        a = dequantize_nvfp4(q.a[i], from_blocked(q.sfa[i], m, k)).double() * q.global_a[i]
+        b = dequantize_nvfp4(q.b[i], from_blocked(q.sfb[i], n, k)).double() * q.global_b[i]
+        assert torch.allclose(ref[i], a @ b.T, rtol=1e-6, atol=0)  # alpha's fp32 rounding
+        true = xs[i].double() @ ws[i].double().T
+        assert ((ref[i] - true).norm() / true.norm()).item() < 0.2
+    with pytest.raises(ValueError, match="same number of groups"):
+        quantize_grouped(xs, ws[:1])
+    with pytest.raises(ValueError, match="same K"):
+        quantize_grouped(xs[:1], ws[1:])
+
+
+def test_apply_alpha():
+    outs = [torch.tensor([[1.0, -2.0]], dtype=torch.float16), torch.ones(2, 3, dtype=torch.float16)]
+    got = apply_alpha(outs, torch.tensor([0.5, 3.0]))
+    assert got[0].dtype == torch.float16 and got[0].tolist() == [[0.5, -1.0]]
+    assert got[1].tolist() == [[3.0] * 3] * 2
+    assert apply_alpha(outs, [1.0, 1.0])[1].tolist() == outs[1].tolist()
+    with pytest.raises(ValueError, match="alpha must have 2 entries"):
+        apply_alpha(outs, [1.0])
 
 
 # ------------------------------------------------------------------------------------------

@@ -1,0 +1,198 @@
+"""`torch.ops.nvfp4.grouped_gemm`: the runtime as a torch.library custom op.
+
+    import runtime.torch_op as nvfp4_op           # registers the ops (explicit: `import runtime`
+    nvfp4_op.register(runtime.load("artifacts"))  # alone never pays for torch.library)
+    outs = torch.ops.nvfp4.grouped_gemm(a_list, b_list, sfa_list, sfb_list)
+
+Schemas:
+
+    nvfp4::grouped_gemm(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb,
+                        str artifacts="default") -> Tensor[]
+    nvfp4::grouped_gemm_out(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb,
+                            Tensor(a!)[] out, str artifacts="default") -> ()
+
+Arguments and results are those of `GroupedGemm.grouped_gemm`: per group a (m, k/2) and b
+(n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, fp16 (m, n) out.
+
+How the op finds its kernels. A custom op can only take tensors, numbers and strings, so the
+GroupedGemm is named by the string `artifacts`, a key into this module's registry:
+- `register(gg_or_spec, name="default")` stores a GroupedGemm under `name`;
+- a key that was never registered is loaded once and cached: "default" means the only
+  installed artifact package (runtime.packages), "pkg:<name>" a named one, anything else an
+  artifact directory.
+Why a string key: torch.compile bakes it into the graph as a constant (no guard on an object,
+no graph break, and the graph stays serializable); the fake implementation never reads the
+registry, so tracing needs neither artifacts nor a GPU; and the real implementation is one
+dict lookup before `GroupedGemm.grouped_gemm`, which launches on the current stream without
+synchronizing and allocates outputs with torch, so CUDA graph capture (torch.cuda.graph or
+torch.compile mode="reduce-overhead") records the launch and the outputs come from the graph's
+pool. Capture with the same key and shapes you replay with; replays reuse captured pointers.
+
+Per-group global scales (alpha, see runtime.nvfp4.quantize_grouped) are not an argument: the
+kernels do not apply alpha yet, so the caller multiplies (runtime.nvfp4.apply_alpha).
+
+Host cost: a custom op call goes through the dispatcher and back into Python (tens of
+microseconds more than calling `gg.grouped_gemm` directly); inside a CUDA graph it is free.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .errors import InputError
+
+__all__ = ["DEFAULT", "grouped_gemm", "lookup", "register", "registered", "unregister"]
+
+DEFAULT = "default"
+NAMESPACE = "nvfp4"
+
+_registry: dict[str, Any] = {}
+_lock = threading.Lock()
+# Accepted dtypes, for trace-time errors; the runtime's own checks are the authority.
+_FP4 = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
+_SF = (torch.float8_e4m3fn, torch.uint8)
+
+
+def register(gg_or_spec: Any, name: str = DEFAULT) -> str:
+    """Serve key `name` with a GroupedGemm, or with what `runtime.load(spec)` opens for a str
+    or path ("pkg:<name>" selects an installed artifact package). Returns `name`."""
+    if not isinstance(name, str) or not name:
+        raise InputError(f"name must be a non-empty str, but got {name!r}")
+    gg = _open(gg_or_spec) if isinstance(gg_or_spec, (str, Path)) else gg_or_spec
+    if not callable(getattr(gg, "grouped_gemm", None)):
+        raise InputError("register takes a runtime.GroupedGemm, an artifact directory or "
+                         f"'pkg:<name>', but got {type(gg_or_spec).__name__}")
+    with _lock:
+        _registry[name] = gg
+    return name
+
+
+def unregister(name: str = DEFAULT) -> None:
+    with _lock:
+        _registry.pop(name, None)
+
+
+def registered() -> dict[str, Any]:
+    """A snapshot of the registry: key -> GroupedGemm."""
+    with _lock:
+        return dict(_registry)
+
+
+def _open(spec: str | Path | None) -> Any:
+    from .api import load
+    from .packages import resolve
+
+    return load(resolve(spec))
+
+
+def lookup(name: str = DEFAULT) -> Any:
+    """The GroupedGemm serving key `name`, loading and caching an unregistered key (see the
+    module docstring). Raises ManifestError when there is nothing to load."""
+    gg = _registry.get(name)
+    if gg is None:
+        with _lock:
+            gg = _registry.get(name)
+            if gg is None:
+                gg = _registry[name] = _open(None if name == DEFAULT else name)
+    return gg
+
+
+# --------------------------------------------------------------------------------------------
+# The ops
+# --------------------------------------------------------------------------------------------
+
+
+def _require(cond: Any, message: Any) -> None:
+    """InputError for a concrete False; a deferred runtime assert for a symbolic condition
+    (torch.compile with dynamic shapes), which must not be turned into a guard."""
+    if isinstance(cond, bool):
+        if not cond:
+            raise InputError(message())
+    else:
+        torch._check(cond, message)
+
+
+def _check_counts(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
+                  sfb: Sequence[Tensor]) -> None:
+    # Also run by the real ops before the registry: a call with no tensors at all dispatches
+    # to the default (real) kernel even while tracing, as there is no device to dispatch on.
+    counts = [len(a), len(b), len(sfa), len(sfb)]
+    if len(set(counts)) != 1 or not counts[0]:
+        raise InputError(f"a, b, sfa and sfb must have the same non-zero number of groups, "
+                         f"but got {counts}")
+
+
+def _fake_check(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
+                sfb: Sequence[Tensor]) -> None:
+    """Structural checks at trace time, so a wrong call fails while compiling, not at run time.
+    Shapes may be symbolic: only what holds for every value is compared."""
+    _check_counts(a, b, sfa, sfb)
+    for g, (x, y, sx, sy) in enumerate(zip(a, b, sfa, sfb)):
+        if x.dim() != 2 or y.dim() != 2:
+            raise InputError(f"a[{g}] and b[{g}] must be 2-D (rows, k/2), but got shapes "
+                             f"{tuple(x.shape)} and {tuple(y.shape)}")
+        if x.dtype not in _FP4 or y.dtype not in _FP4:
+            raise InputError(f"a[{g}] and b[{g}] must be one of {list(_FP4)}, but got "
+                             f"{x.dtype} and {y.dtype}")
+        if sx.dtype not in _SF or sy.dtype not in _SF:
+            raise InputError(f"sfa[{g}] and sfb[{g}] must be one of {list(_SF)}, but got "
+                             f"{sx.dtype} and {sy.dtype}")
+        _require(x.shape[1] == y.shape[1],
+                 lambda g=g, x=x, y=y: f"a[{g}] and b[{g}] must have the same k/2, but got "
+                                       f"{x.shape[1]} and {y.shape[1]}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::grouped_gemm", mutates_args=())
+def _grouped_gemm(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
+                  artifacts: str = DEFAULT) -> list[Tensor]:
+    _check_counts(a, b, sfa, sfb)
+    return lookup(artifacts).grouped_gemm(a, b, sfa, sfb)
+
+
+@_grouped_gemm.register_fake
+def _grouped_gemm_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
+                       artifacts: str = DEFAULT) -> list[Tensor]:
+    _fake_check(a, b, sfa, sfb)
+    return [x.new_empty((x.shape[0], y.shape[0]), dtype=torch.float16) for x, y in zip(a, b)]
+
+
+@torch.library.custom_op(f"{NAMESPACE}::grouped_gemm_out", mutates_args=("out",))
+def _grouped_gemm_out(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
+                      out: list[Tensor], artifacts: str = DEFAULT) -> None:
+    _check_counts(a, b, sfa, sfb)
+    lookup(artifacts).grouped_gemm(a, b, sfa, sfb, out=out)
+
+
+@_grouped_gemm_out.register_fake
+def _grouped_gemm_out_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor],
+                           sfb: list[Tensor], out: list[Tensor],
+                           artifacts: str = DEFAULT) -> None:
+    _fake_check(a, b, sfa, sfb)
+    if len(out) != len(a):
+        raise InputError(f"out must have {len(a)} tensors, but got {len(out)}")
+    for g, (x, y, c) in enumerate(zip(a, b, out)):
+        if c.dtype != torch.float16 or c.dim() != 2:
+            raise InputError(f"out[{g}] must be a 2-D torch.float16 tensor, but got {c.dtype} "
+                             f"of shape {tuple(c.shape)}")
+        for dim, want in ((0, x.shape[0]), (1, y.shape[0])):
+            _require(c.shape[dim] == want,
+                     lambda g=g, c=c, x=x, y=y: f"out[{g}] must have shape (m, n) = "
+                                                f"({x.shape[0]}, {y.shape[0]}), but got "
+                                                f"{tuple(c.shape)}")
+
+
+def grouped_gemm(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
+                 sfb: Sequence[Tensor], *, out: Sequence[Tensor] | None = None,
+                 artifacts: str = DEFAULT) -> list[Tensor]:
+    """The op with keyword arguments: `out=` selects `grouped_gemm_out` and returns `out`."""
+    if out is None:
+        return torch.ops.nvfp4.grouped_gemm(list(a), list(b), list(sfa), list(sfb), artifacts)
+    out = list(out)
+    torch.ops.nvfp4.grouped_gemm_out(list(a), list(b), list(sfa), list(sfb), out, artifacts)
+    return out
