@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one batch on the lent H200 (artifacts and dist/ are built
+# beforehand on a CPU machine and carried). Steps run in priority order, each under its own time
+# limit, so a hang costs one step; a one-line verdict per step is printed last.
+#
+#   bash scripts/gpu_all.sh [STEP...]      # default: all steps below
+#
+# Logs go to $OUT (the device tool's output folder) or ./gpu_logs.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+LOG="${OUT:-gpu_logs}"
+mkdir -p "$LOG"
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(pytest dynamic sanitize cold host package moe_ep)
+declare -A VERDICT
+
+step() {  # step NAME SECONDS COMMAND...
+    local name=$1 secs=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
+    local rc=$?
+    VERDICT[$name]="rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$LOG/$name.log" | cut -c1-150)"
+}
+
+for s in "${STEPS[@]}"; do
+    case $s in
+    pytest) step pytest 200 python -m pytest -q -rs -m gpu tests ;;
+    dynamic) step dynamic 90 python scripts/gpu_checks.py --artifacts artifacts --seeds 2 \
+        --only mixed_any_m.sm_90a.acc1 --only ep4_down.sm_90a.acc1 ;;
+    sanitize) step sanitize 110 bash scripts/sanitize_gpu.sh ;;
+    cold) step cold 35 python bench/cold_start.py --artifacts artifacts --runs 3 \
+        --json "$LOG/cold.json" ;;
+    host) step host 35 python bench/host_cost.py --artifacts artifacts --json "$LOG/host.json" ;;
+    package) step package 45 bash scripts/package_check_gpu.sh check ;;
+    moe_ep) step moe_ep 35 python examples/moe_ep.py --artifacts artifacts --seeds 3 ;;
+    bench) step bench 240 python bench/bench_grouped.py --artifacts artifacts --reps 200 \
+        --json "$LOG/bench.json" ;;
+    *) echo "unknown step $s" ;;
+    esac
+done
+for s in "${STEPS[@]}"; do
+    echo "== $s: ${VERDICT[$s]:-not run}"
+done
