@@ -349,12 +349,8 @@ class DeviceRuntime:
             ws = self._workspace(stream, dp.workspace_bytes)
         slot = dp.slot()
         slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2])
-        if slot.stream != stream:
-            slot.config.hStream = stream
-            slot.stream = stream
-        r = driver.cuLaunchKernelEx(slot.config, dp.function, slot.params.kernel_params, 0)
-        if r[0] != _SUCCESS:
-            cuda.check(r, "cuLaunchKernelEx")
+        slot.stream = stream
+        launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
 
     def _launch_captured(self, dp: DevicePlan, stream: int, ptrs: tuple[int, ...],
                          check_inputs: Callable[[], None] | None) -> None:

@@ -9,6 +9,9 @@ from cuda.bindings import driver
 from .cuda import check
 
 
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+
+
 def make_config(grid: int, block: tuple[int, int, int], dynamic_smem: int,
                 cluster: tuple[int, int, int]) -> driver.CUlaunchConfig:
     """A launch config for a 1-D grid; `hStream` is set per launch.
@@ -33,6 +36,9 @@ def make_config(grid: int, block: tuple[int, int, int], dynamic_smem: int,
 
 
 def launch(function: Any, config: driver.CUlaunchConfig, stream: int, kernel_params: int) -> None:
-    """Launch `function` (needs its context current) with a packed `void*[]` address."""
+    """Launch `function` (needs its context current) with a packed `void*[]` address. The one
+    launch point of the runtime (eager, cached and captured launches all come here)."""
     config.hStream = stream
-    check(driver.cuLaunchKernelEx(config, function, kernel_params, 0), "cuLaunchKernelEx")
+    r = driver.cuLaunchKernelEx(config, function, kernel_params, 0)
+    if r[0] != _SUCCESS:
+        check(r, "cuLaunchKernelEx")

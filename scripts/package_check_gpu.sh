@@ -56,6 +56,13 @@ check() {
     WORK="$(mktemp -d)"
     venv="$WORK/venv"
     "$PY" -m venv --system-site-packages "$venv"
+    # On the H200 image torch lives in its own venv (/opt/torch/.venv), not in the system
+    # site-packages that --system-site-packages exposes: point the new venv at the creating
+    # interpreter's site-packages (which hold no cutlass; checked below).
+    if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+        "$PY" -c "import site; print('\n'.join(site.getsitepackages()))" \
+            >"$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/host_site.pth"
+    fi
     "$venv/bin/python" -m pip install -q --no-index --no-deps \
         "$dist"/nvfp4_grouped_gemm-*.whl "$dist"/nvfp4_artifacts_*.whl
     "$venv/bin/python" -m pip list 2>/dev/null | grep -i -E "nvfp4|cutlass|torch|cuda" || true

@@ -423,9 +423,16 @@ def test_gpu_op_and_out_variant_match_eager_runtime(served):
 
 
 @gpu_test
-@pytest.mark.parametrize("backend,mode,dtype", [("aot_eager", None, FP4),
-                                                ("inductor", None, torch.uint8),
-                                                ("inductor", "reduce-overhead", torch.uint8)])
+@pytest.mark.parametrize("backend,mode,dtype", [
+    ("aot_eager", None, FP4),
+    ("inductor", None, torch.uint8),
+    # Inductor's cudagraph trees require every allocation left live in their pool to be a graph
+    # output; the runtime keeps a captured launch's workspace and tables alive for the graph's
+    # replays, which they reject ("Detected 2 tensor(s) in the cudagraph pool not tracked as
+    # outputs", H200, 2026-11-29). Plain torch.cuda.graph capture works (tests below).
+    pytest.param("inductor", "reduce-overhead", torch.uint8, marks=pytest.mark.xfail(
+        strict=True, reason="cudagraph trees reject the runtime's graph-lifetime allocations")),
+])
 def test_gpu_compiled_module_matches_eager_runtime(served, backend, mode, dtype):
     """fullgraph compile; reduce-overhead replays the graph with CUDA graphs (cudagraph trees),
     so fresh inputs on later calls check that replays read them. Inductor gets the operands as
