@@ -242,6 +242,15 @@ class Sm90GroupedGemm:
                            prefix, total_tiles, bidx, grid, tidx - 128)
 
     @cute.jit
+    def _group_of(self, tile: Int32, group: Int32, prefix: cute.Tensor, sizes: cute.Tensor):
+        """Walk forward from `group` to the group owning `tile` (tiles only increase per CTA);
+        returns it with its (m, n, k)."""
+        while tile >= prefix[group + 1]:
+            group += 1
+        return (group, sizes[group, tables.COL_M], sizes[group, tables.COL_N],
+                sizes[group, tables.COL_K])
+
+    @cute.jit
     def _tile_coords(self, tile: Int32, group: Int32, prefix: cute.Tensor, m: Int32):
         local = tile - prefix[group]
         tiles_m = (m + self.tile_m - 1) // self.tile_m
@@ -270,11 +279,7 @@ class Sm90GroupedGemm:
         desc_set = Int32(1)
         tile = bidx
         while tile < total_tiles:
-            while tile >= prefix[group + 1]:
-                group += 1
-            m = sizes[group, tables.COL_M]
-            n = sizes[group, tables.COL_N]
-            k = sizes[group, tables.COL_K]
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
             if group != prev_group:
                 desc_set = 1 - desc_set
                 self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
@@ -368,11 +373,7 @@ class Sm90GroupedGemm:
         group = Int32(0)
         tile = bidx
         while tile < total_tiles:
-            while tile >= prefix[group + 1]:
-                group += 1
-            m = sizes[group, tables.COL_M]
-            n = sizes[group, tables.COL_N]
-            k = sizes[group, tables.COL_K]
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             a_row0_in_block = (tile_m_idx * self.tile_m) % 128
             acc.fill(0.0)

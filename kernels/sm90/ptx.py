@@ -49,28 +49,28 @@ def e4m3x2_to_f16x2(a: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     )
 
 
+def _ld_shared_words(addr: Any, words: int, loc: Any, ip: Any) -> tuple[Uint32, ...]:
+    outs = ", ".join(f"${i}" for i in range(words))
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * words), [_ir(addr, loc, ip)],
+        f"ld.shared.v{words}.b32 {{{outs}}}, [${words}];", "=r," * words + "r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip))
+                 for i in range(words))
+
+
 @dsl_user_op
 def ld_shared_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
     """16-byte shared-memory load at a 32-bit shared address."""
-    st = llvm.StructType.get_literal([T.i32()] * 4)
-    res = llvm.inline_asm(
-        st, [_ir(addr, loc, ip)], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
-        "=r,=r,=r,=r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+    return _ld_shared_words(addr, 4, loc, ip)
 
 
 @dsl_user_op
 def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
     """8-byte shared-memory load at a 32-bit shared address."""
-    st = llvm.StructType.get_literal([T.i32()] * 2)
-    res = llvm.inline_asm(
-        st, [_ir(addr, loc, ip)], "ld.shared.v2.b32 {$0, $1}, [$2];",
-        "=r,=r,r", has_side_effects=True, is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(2))
+    return _ld_shared_words(addr, 2, loc, ip)
 
 
 @dsl_user_op
