@@ -382,6 +382,7 @@ def run_mock(args) -> dict:
     import runtime
     from runtime import api, device_tables
     from runtime import device as device_mod
+    from runtime import launch as launch_mod
     from runtime.dispatch import dynamic_groups
     from runtime.validate import _fast
 
@@ -389,7 +390,13 @@ def run_mock(args) -> dict:
         driver_kind = "cuda.bindings over a do-nothing libcuda.so.1 (bindings cost included)"
         driver.cuInit(0)
     else:
-        device_mod.driver = PyDriver()
+        device_mod.driver = pydrv = PyDriver()
+
+        def launch_stub(function, config, stream, kernel_params):
+            config.hStream = stream
+            pydrv.cuLaunchKernelEx(config, function, kernel_params, 0)
+
+        launch_mod.launch = launch_stub  # the runtime's one launch point
         driver_kind = "Python stand-ins (no gcc: cuda.bindings cost NOT included)"
     gg = runtime.load(args.artifacts)
     rt = object.__new__(device_mod.DeviceRuntime)

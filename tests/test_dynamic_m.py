@@ -470,8 +470,16 @@ class FakeTable:
 def dev(monkeypatch: pytest.MonkeyPatch):
     from runtime import device as device_mod
 
+    from runtime import launch as launch_mod
+
     drv = FakeDriver()
     monkeypatch.setattr(device_mod, "driver", drv)
+
+    def fake_launch(function, config, stream, kernel_params):  # the runtime's one launch point
+        config.hStream = stream
+        drv.cuLaunchKernelEx(config, function, kernel_params, 0)
+
+    monkeypatch.setattr(launch_mod, "launch", fake_launch)
     monkeypatch.setattr(device_tables, "upload", FakeTable)
     monkeypatch.setattr(device_tables, "view", FakeTable.view)
     rt = object.__new__(device_mod.DeviceRuntime)
