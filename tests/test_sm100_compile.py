@@ -322,8 +322,8 @@ def test_rejects_bad_requests(built):
     assert errors["n"].startswith("ValueError: groups[0].n must be a multiple of 8")
     assert errors["config"].startswith("ValueError: invalid sm100 config: acc_stages")
     assert errors["stages"] == (
-        "ValueError: ab_stages=7 needs 7 x 36864 + 1024 = 259072 bytes of shared memory, more "
-        "than the 232448 an sm_100 block may use; ab_stages must be <= 6")
+        "ValueError: invalid sm100 config: ab_stages 7 needs 7 x 36864 + 1024 = 259072 bytes of "
+        "shared memory, more than the 232448 an sm_100 CTA may use; ab_stages must be <= 6")
 
 
 def test_wrong_import_arch_is_an_error():

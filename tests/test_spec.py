@@ -369,3 +369,20 @@ def test_default_shapes_yaml_declares_dynamic_m_sets() -> None:
     assert len({n for n, _ in mixed.groups}) > 1 and len({k for _, k in mixed.groups}) > 1
     # Tiny sets for bench/host_cost.py: G = 2 and G = 8, one 128-row tile of n per group.
     assert [len(sets[n].groups) for n in ("tiny2_any_m", "tiny8_any_m")] == [2, 8]
+
+
+def test_sm100_ab_stages_beyond_shared_memory_is_a_spec_error(tmp_path) -> None:
+    # The family's own check (kernels/sm100/config.py) rejects it before anything compiles.
+    p = tmp_path / "shapes.yaml"
+    p.write_text(
+        "schema_version: 1\n"
+        "sets:\n"
+        "  - name: s\n"
+        "    groups: [[64, 128, 256]]\n"
+        "    archs: [sm_100a]\n"
+        "    acc_stages: [2]\n"
+        "    options: {sm_100a: {ab_stages: 7}}\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(p, load_families("kernels.families"))
+    assert "ab_stages 7 needs 7 x 36864 + 1024 = 259072 bytes of shared memory" in str(info.value)
+    assert "sets[s]" in str(info.value)

@@ -9,6 +9,10 @@ TILE_M, TILE_N, K_TILE = 128, 128, 256
 # C rows are written with 16-byte vectors when a tile is full: keep them aligned.
 N_MULTIPLE = 8
 ACC_STAGES = (1, 2)
+# Shared memory: each A/B/SFA/SFB stage holds a 128x256 fp4 tile of A and of B and their scales.
+SMEM_LIMIT = 232448  # the most dynamic shared memory one sm_100 CTA may opt in to
+STAGE_BYTES = 2 * (TILE_M * K_TILE // 2) + 2 * (TILE_M * K_TILE // 16)
+SMEM_OVERHEAD_BYTES = 1024  # barriers, tensormaps, tile coordinates (measured: see the kernel)
 
 
 @dataclass(frozen=True)
@@ -24,4 +28,11 @@ def check(config: Config) -> list[str]:
         reasons.append(f"acc_stages must be one of {list(ACC_STAGES)}, but got {config.acc_stages}")
     if not 2 <= config.ab_stages <= 8:
         reasons.append(f"ab_stages must be in 2..8, but got {config.ab_stages}")
+    elif config.ab_stages * STAGE_BYTES + SMEM_OVERHEAD_BYTES > SMEM_LIMIT:
+        need = config.ab_stages * STAGE_BYTES + SMEM_OVERHEAD_BYTES
+        reasons.append(
+            f"ab_stages {config.ab_stages} needs {config.ab_stages} x {STAGE_BYTES} + "
+            f"{SMEM_OVERHEAD_BYTES} = {need} bytes of shared memory, more than the {SMEM_LIMIT} "
+            f"an sm_100 CTA may use; ab_stages must be <= "
+            f"{(SMEM_LIMIT - SMEM_OVERHEAD_BYTES) // STAGE_BYTES}")
     return reasons
