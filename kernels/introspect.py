@@ -7,7 +7,7 @@
   scale atom as 256 16-bit elements: descriptor dims (256, rest_k, rest_mn, l)).
 - Dynamic shared memory from the lowered host launcher: the DSL resolves `cute.kernel_smem_size`
   to a constant (InferKernelSmemUsagePass) and stores it in the `cudaLaunchConfig_t` it builds.
-- Block and cluster dims from the PTX `.entry` directives.
+- Block and cluster dims from the PTX `.entry` directives (the parameter list is builder/ptx.py's).
 """
 
 from __future__ import annotations
@@ -190,30 +190,14 @@ def sf_tma_geometry(atom: Any, ab_shape: tuple[int, int, int], sf_vec: int, swiz
 # --------------------------------------------------------------------------------------------
 
 
-def ptx_entry(ptx: str, symbol: str) -> tuple[list[tuple[int, int]], str]:
-    """(size, align) of each `.entry` parameter of `symbol`, and the directives after the list."""
+def ptx_directives(ptx: str, symbol: str) -> str:
+    """The performance directives (.reqntid, .reqnctapercluster, ...) after `.entry symbol(...)`.
+    The parameter list itself is parsed by builder/ptx.py, which checks every recorded ABI."""
     m = re.search(rf"\.entry\s+{re.escape(symbol)}\s*\((?P<params>.*?)\)(?P<dirs>[^{{]*)\{{",
                   ptx, re.DOTALL)
     if not m:
         raise IntrospectError(f"no .entry {symbol} in the PTX")
-    params = []
-    for line in m.group("params").split(","):
-        line = line.strip()
-        if not line:
-            continue
-        arr = re.match(r"\.param\s+\.align\s+(\d+)\s+\.b8\s+\S+\[(\d+)\]$", line)
-        # ".param .u64 .ptr .global .align 16 name": the .align is the pointee's, not the slot's.
-        scalar = re.match(r"\.param\s+\.([usbf])(\d+)"
-                          r"(?:\s+\.ptr(?:\s+\.(?:global|shared|const|local))?"
-                          r"(?:\s+\.align\s+\d+)?)?\s+\S+$", line)
-        if arr:
-            params.append((int(arr.group(2)), int(arr.group(1))))
-        elif scalar:
-            size = int(scalar.group(2)) // 8
-            params.append((size, size))
-        else:
-            raise IntrospectError(f"cannot parse PTX parameter {line!r}")
-    return params, m.group("dirs")
+    return m.group("dirs")
 
 
 def _dims(directives: str, name: str) -> tuple[int, int, int] | None:
@@ -225,7 +209,7 @@ def _dims(directives: str, name: str) -> tuple[int, int, int] | None:
 
 def ptx_reqntid(ptx: str, symbol: str) -> tuple[int, int, int]:
     """Exact block dims (`.reqntid`) of `symbol`."""
-    dims = _dims(ptx_entry(ptx, symbol)[1], "reqntid")
+    dims = _dims(ptx_directives(ptx, symbol), "reqntid")
     if dims is None:
         raise IntrospectError(f".entry {symbol} has no .reqntid: the block size is not fixed")
     return dims
@@ -233,7 +217,7 @@ def ptx_reqntid(ptx: str, symbol: str) -> tuple[int, int, int]:
 
 def ptx_cluster_dims(ptx: str, symbol: str) -> tuple[int, int, int]:
     """Cluster dims required by `symbol`: `.reqnctapercluster`, or (1, 1, 1) without one."""
-    directives = ptx_entry(ptx, symbol)[1]
+    directives = ptx_directives(ptx, symbol)
     if ".explicitcluster" in directives and _dims(directives, "reqnctapercluster") is None:
         raise IntrospectError(f".entry {symbol} needs a cluster launch of unknown shape")
     return _dims(directives, "reqnctapercluster") or (1, 1, 1)
