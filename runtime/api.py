@@ -37,9 +37,12 @@ ENV_FAST_PATH = "NVFP4_FAST_PATH"  # "0" turns the validated-call fast path off
 def load(artifact_dir: str | Path | None = None) -> GroupedGemm:
     """Open artifacts: a directory, "pkg:NAME" (an installed artifact package) or None (the one
     installed package). Reads and validates the manifest only; kernels load lazily."""
-    from .packages import resolve
+    if artifact_dir is None or str(artifact_dir).startswith("pkg:"):
+        # Package discovery imports importlib.metadata (tens of ms): only when asked for.
+        from .packages import resolve
 
-    return GroupedGemm(ArtifactStore(resolve(artifact_dir)))
+        artifact_dir = resolve(artifact_dir)
+    return GroupedGemm(ArtifactStore(artifact_dir))
 
 
 def _ordinal(device: Any) -> int:
