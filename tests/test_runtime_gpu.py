@@ -93,6 +93,22 @@ def same_bits(x: list[torch.Tensor], y: list[torch.Tensor]) -> bool:
 # ------------------------------------------------------------------ loading
 
 
+
+def replay_with_fresh_inputs(gg, graph, static, out, shapes, seeds) -> None:
+    """Copy fresh inputs into the captured buffers, poison the outputs, replay, and compare
+    bit for bit with an eager call on the same inputs."""
+    for seed in seeds:
+        fresh = make_inputs(shapes, "cuda", seed)
+        for dst, src in zip(static, fresh, strict=True):
+            for d, s in zip(dst, src, strict=True):
+                d.copy_(s)
+        for c in out:
+            c.fill_(float("nan"))
+        graph.replay()
+        expect = gg.grouped_gemm(*fresh)
+        torch.cuda.synchronize()
+        assert same_bits(out, expect), f"seed {seed}"
+
 def test_preload_checks_every_kernel_abi_with_param_info(gg, entries) -> None:
     from runtime.loader import check_param_layout, param_layout
 
@@ -259,17 +275,7 @@ def test_graph_replay_matches_eager_with_new_data(gg, entries) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         gg.grouped_gemm(*static, out=out)
-    for seed in (11, 12):
-        fresh = make_inputs(shapes, "cuda", seed)
-        for dst, src in zip(static, fresh, strict=True):
-            for d, s in zip(dst, src, strict=True):
-                d.copy_(s)
-        for c in out:
-            c.fill_(float("nan"))
-        graph.replay()
-        expect = gg.grouped_gemm(*fresh)
-        torch.cuda.synchronize()
-        assert same_bits(out, expect), f"seed {seed}"
+    replay_with_fresh_inputs(gg, graph, static, out, shapes, (11, 12))
 
 
 def test_threads_and_streams_do_not_share_launch_state(gg, entries) -> None:
@@ -531,17 +537,7 @@ def test_graph_capture_after_fast_path_warmup(gg, entries) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         gg.grouped_gemm(*static, out=out)
-    for seed in (32, 33):
-        fresh = make_inputs(shapes, "cuda", seed)
-        for dst, src in zip(static, fresh, strict=True):
-            for d, s in zip(dst, src, strict=True):
-                d.copy_(s)
-        for c in out:
-            c.fill_(float("nan"))
-        graph.replay()
-        expect = gg.grouped_gemm(*fresh)
-        torch.cuda.synchronize()
-        assert same_bits(out, expect), f"seed {seed}"
+    replay_with_fresh_inputs(gg, graph, static, out, shapes, (32, 33))
     eager = poisoned(shapes, "cuda")
     for _ in range(3):
         gg.grouped_gemm(*static, out=eager)
