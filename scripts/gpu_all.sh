@@ -35,6 +35,9 @@ for s in "${STEPS[@]}"; do
     host) step host 35 python bench/host_cost.py --artifacts artifacts --json "$LOG/host.json" ;;
     package) step package 45 bash scripts/package_check_gpu.sh check ;;
     moe_ep) step moe_ep 35 python examples/moe_ep.py --artifacts artifacts --seeds 3 ;;
+    # Needs the two-GPU machine (nvidia-h200-x2): two ranks over NCCL, one GPU each.
+    moe_ep2) step moe_ep2 90 torchrun --standalone --nproc-per-node 2 examples/moe_ep.py \
+        --artifacts artifacts --seeds 3 ;;
     bench) step bench 240 python bench/bench_grouped.py --artifacts artifacts --reps 200 \
         --json "$LOG/bench.json" ;;
     *) echo "unknown step $s" ;;
