@@ -21,7 +21,7 @@ _TMA_TYPE_RE = re.compile(
     r'tma_gbasis = <"(?P<shape>.*?):(?P<basis>.*?)">, tma_format = (?P<fmt>\w+)>'
 )
 _TMA_FORMAT = {"U4": "16U4_ALIGN8B", "U8": "UINT8", "U16": "UINT16", "U32": "UINT32",
-               "U64": "UINT64", "F16": "FLOAT16", "S32": "INT32"}
+               "U64": "UINT64", "F16": "FLOAT16", "F16_RN": "FLOAT16", "S32": "INT32"}
 _FORMAT_BITS = {"16U4_ALIGN8B": 4, "UINT8": 8, "UINT16": 16, "UINT32": 32, "UINT64": 64,
                 "FLOAT16": 16, "INT32": 32}
 _ELEM_BITS = {"f4E2M1FN": 4, "f8E4M3FN": 8, "i8": 8, "i16": 16, "f16": 16, "bf16": 16, "i32": 32,

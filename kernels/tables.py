@@ -10,7 +10,12 @@ spells a column order itself.
   tiles_g = ceil(m_g / tile_m) * ceil(n_g / tile_n); entry G is the total.
 - tensormap_workspace: `bytes_per_cta` bytes of global scratch per launched CTA, 128-byte aligned,
   where the kernel patches its per-group TMA descriptors. Written by the kernel, so never shared
-  by launches that can overlap.
+  by launches that can overlap. Optional keys (absent means 0):
+  `header_bytes` at the start of the workspace, zeroed by the runtime when it allocates the
+  workspace and left zeroed by every launch (the kernel's grid barrier counters), with the
+  per-CTA slots after it; `bytes_per_a_element`: after the per-CTA slots the workspace holds
+  every group's A converted by the kernel, sum over groups of m * k elements of that size, each
+  group's rows contiguous from the end of the previous group's.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ PTR_A, PTR_B, PTR_SFA, PTR_SFB, PTR_C = range(5)
 TENSORMAP_BYTES = 128
 
 
-def tables_record(num_tensormaps: int) -> dict[str, Any]:
+def tables_record(num_tensormaps: int, header_bytes: int = 0,
+                  bytes_per_a_element: int = 0) -> dict[str, Any]:
     """The `tables` field of a manifest entry for a kernel that patches `num_tensormaps` maps."""
+    workspace: dict[str, Any] = {"bytes_per_cta": num_tensormaps * TENSORMAP_BYTES,
+                                 "align": TENSORMAP_BYTES}
+    if header_bytes:
+        workspace["header_bytes"] = header_bytes
+    if bytes_per_a_element:
+        workspace["bytes_per_a_element"] = bytes_per_a_element
     return {
         "problem_sizes": {"dtype": "int32", "columns": list(PROBLEM_COLUMNS)},
         "pointers": {"dtype": "int64", "columns": list(POINTER_COLUMNS)},
         "cta_prefix": {"dtype": "int32"},
-        "tensormap_workspace": {"bytes_per_cta": num_tensormaps * TENSORMAP_BYTES,
-                                "align": TENSORMAP_BYTES},
+        "tensormap_workspace": workspace,
     }

@@ -85,7 +85,7 @@ class PreparedKernel:
                           cta_prefix=0, tensormap_workspace=0)
             params = pack_params(entry.params, values)
             config = launch.make_config(plan.grid, entry.block, entry.dynamic_smem,
-                                        entry.cluster)
+                                        entry.cluster, entry.grid.get("cooperative") is True)
             s = slots[plan.num_groups] = _Slot(params, config, plan.grid)
         return s
 
@@ -129,6 +129,7 @@ class DevicePlan:
         self.serial = next(_serial)  # pointer-table cache key part; never reused, unlike id()
         self.tables: device_tables.DeviceTable | None = None
         self.workspace_bytes = max(plan.workspace_bytes, 1)
+        self.workspace_header = plan.workspace_header
         self.function = prepared.loaded.function
         self.uses = 0  # plan lookups that returned this plan (approximate across threads)
         # (ptrs, pointer table) of the last cached launch: a repeat skips the cache lookup.
@@ -176,8 +177,10 @@ class DeviceRuntime:
         self._lock = threading.Lock()
         self._placeholder: torch.Tensor | None = None
         self._stream = _raw_stream_getter()
-        # raw stream handle -> (workspace tensor, bytes, address); see the module docstring.
-        self._workspaces: dict[int, tuple[torch.Tensor, int, int]] = {}
+        # (raw stream handle, header bytes) -> (workspace tensor, bytes, address); see the
+        # module docstring. Kernels that keep state in a zeroed header never share a workspace
+        # with kernels that would write descriptors over it.
+        self._workspaces: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
 
     # ------------------------------------------------------------ load-time work
 
@@ -322,19 +325,22 @@ class DeviceRuntime:
                 dp.tables = device_tables.view(both, 0, len(tables), stream)
         return device_tables.view(both, offset, len(image), stream)
 
-    def _workspace(self, stream: int, nbytes: int) -> tuple[torch.Tensor, int, int]:
+    def _workspace(self, stream: int, nbytes: int, header: int) -> tuple[torch.Tensor, int, int]:
         """This stream's workspace, grown to at least `nbytes` (see the module docstring)."""
-        ws = self._workspaces.get(stream)
+        key = (stream, header)
+        ws = self._workspaces.get(key)
         if ws is None or ws[1] < nbytes:
             size = max(nbytes, WORKSPACE_MIN, 2 * ws[1] if ws is not None else 0)
             # Allocated on `stream` (torch's current stream of this device): the caching
             # allocator reuses it, once dropped, only in that stream's order.
             t = torch.empty(size, dtype=torch.uint8, device=self.torch_device)
+            if header:
+                t[:header].zero_()
             ws = (t, size, t.data_ptr())
             with self._lock:
-                if len(self._workspaces) >= WORKSPACE_STREAMS and stream not in self._workspaces:
+                if len(self._workspaces) >= WORKSPACE_STREAMS and key not in self._workspaces:
                     self._workspaces.clear()  # in-flight launches hold their own references
-                self._workspaces[stream] = ws
+                self._workspaces[key] = ws
         return ws
 
     def _launch_eager(self, dp: DevicePlan, stream: int,
@@ -344,9 +350,9 @@ class DeviceRuntime:
         tab = dp.tables
         if tab is None or stream not in tab.streams:
             tab = dp.eager_tables(self.torch_device, stream)
-        ws = self._workspaces.get(stream)  # held until the launch is enqueued
+        ws = self._workspaces.get((stream, dp.workspace_header))  # held until enqueued
         if ws is None or ws[1] < dp.workspace_bytes:
-            ws = self._workspace(stream, dp.workspace_bytes)
+            ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
         slot = dp.slot()
         slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2])
         slot.stream = stream
@@ -365,6 +371,8 @@ class DeviceRuntime:
         tab_t = device_tables.upload_captured(plan.plan_tables, device, stream, self._arena,
                                               self.device)
         workspace = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=device)
+        if dp.workspace_header:
+            workspace[:dp.workspace_header].zero_()  # a memset node of the graph
         slot = dp.slot()
         slot.set(ptr_t.data_ptr(), tab_t.data_ptr(), plan.cta_prefix_offset, workspace.data_ptr())
         slot.stream = stream

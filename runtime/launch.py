@@ -13,25 +13,33 @@ _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 
 def make_config(grid: int, block: tuple[int, int, int], dynamic_smem: int,
-                cluster: tuple[int, int, int]) -> driver.CUlaunchConfig:
+                cluster: tuple[int, int, int], cooperative: bool = False) -> driver.CUlaunchConfig:
     """A launch config for a 1-D grid; `hStream` is set per launch.
 
     The DSL bakes dynamic shared memory and cluster shape at compile time; the manifest records
     both and they are passed back exactly. The cluster attribute is only attached for real
     clusters, and `attrs` is assigned as a whole list (appending in place does not stick).
+    `cooperative` (a kernel with a grid-wide barrier) makes the driver refuse a grid whose CTAs
+    cannot all be resident at once, instead of letting the barrier hang.
     """
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = block
     config.sharedMemBytes = dynamic_smem
+    attrs = []
     if tuple(cluster) != (1, 1, 1):
         attr = driver.CUlaunchAttribute()
         attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
         attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-        config.attrs = [attr]
-        config.numAttrs = 1
-    else:
-        config.numAttrs = 0
+        attrs.append(attr)
+    if cooperative:
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        attrs.append(attr)
+    if attrs:
+        config.attrs = attrs
+    config.numAttrs = len(attrs)
     return config
 
 

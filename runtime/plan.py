@@ -8,7 +8,10 @@ never spells a column order itself:
 - problem_sizes: (G, len(columns)) of (m, n, k, l = 1) in the recorded column order.
 - cta_prefix: (G + 1,) prefix sums of tiles_g = ceil(m / tile.m) * ceil(n / tile.n).
 - pointers: (G, len(columns)) device addresses of (a, b, sfa, sfb, c) in the recorded order.
-- tensormap_workspace: grid * bytes_per_cta bytes, written by the kernel.
+- tensormap_workspace: header_bytes (zeroed by the runtime when it allocates the workspace, left
+  zeroed by every launch), then grid * bytes_per_cta bytes, then sum(m * k) * bytes_per_a_element
+  (the kernel's own fp16 copy of A); all written by the kernel. Launches of kernels with
+  different header_bytes never share a workspace (runtime/device.py).
 """
 
 from __future__ import annotations
@@ -121,14 +124,15 @@ class Plan(_Record):
     """The shape-only part of a launch.
 
     entry, shapes ((m, n, k) per group), problem_sizes (packed table, manifest column order and
-    dtype), cta_prefix, total_tiles, grid, workspace_bytes, plan_tables (problem_sizes at 0,
+    dtype), cta_prefix, total_tiles, grid, workspace_bytes, workspace_header (its leading bytes
+    that must be zero before the first launch), plan_tables (problem_sizes at 0,
     cta_prefix at cta_prefix_offset: one upload), cta_prefix_offset, pointer_columns,
     pointer_format (struct code of one pointer-table cell).
     """
 
     __slots__ = ("entry", "shapes", "problem_sizes", "cta_prefix", "total_tiles", "grid",
-                 "workspace_bytes", "plan_tables", "cta_prefix_offset", "pointer_columns",
-                 "pointer_format")
+                 "workspace_bytes", "workspace_header", "plan_tables", "cta_prefix_offset",
+                 "pointer_columns", "pointer_format")
 
     @property
     def num_groups(self) -> int:
@@ -141,8 +145,8 @@ class _Layout(_Record):
     size_index (problem_sizes columns as indices into (m, n, k, l)), size_format,
     prefix_format, pointer_columns, pointer_format."""
 
-    __slots__ = ("tile_m", "tile_n", "per_cta", "size_index", "size_format", "prefix_format",
-                 "pointer_columns", "pointer_format")
+    __slots__ = ("tile_m", "tile_n", "per_cta", "header", "a_element", "size_index",
+                 "size_format", "prefix_format", "pointer_columns", "pointer_format")
 
 
 _LAYOUTS: dict[int, tuple[KernelEntry, _Layout]] = {}  # id(entry) -> (entry, layout)
@@ -156,13 +160,20 @@ def _layout(entry: KernelEntry) -> _Layout:
     if not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in (tile_m, tile_n)):
         raise ManifestError(f"kernel {entry.name!r}: tile must have positive int 'm' and 'n', "
                             f"but got {entry.tile!r}")
-    per_cta = _table(entry, "tensormap_workspace").get("bytes_per_cta")
-    if isinstance(per_cta, bool) or not isinstance(per_cta, int) or per_cta < 0:
-        raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.bytes_per_cta "
-                            f"must be a non-negative int, but got {per_cta!r}")
+    ws = _table(entry, "tensormap_workspace")
+    per_cta, header, a_element = (ws.get("bytes_per_cta"), ws.get("header_bytes", 0),
+                                  ws.get("bytes_per_a_element", 0))
+    for key, value in (("bytes_per_cta", per_cta), ("header_bytes", header),
+                       ("bytes_per_a_element", a_element)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.{key} "
+                                f"must be a non-negative int, but got {value!r}")
+    if header % TABLE_ALIGN:
+        raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes "
+                            f"must be a multiple of {TABLE_ALIGN}, but got {header}")
     cols = _columns(entry, "problem_sizes", ("m", "n", "k", "l"))
     layout = _Layout(
-        tile_m=tile_m, tile_n=tile_n, per_cta=per_cta,
+        tile_m=tile_m, tile_n=tile_n, per_cta=per_cta, header=header, a_element=a_element,
         size_index=tuple("mnkl".index(c) for c in cols),
         size_format=_format(entry, "problem_sizes"), prefix_format=_format(entry, "cta_prefix"),
         pointer_columns=pointer_columns(entry), pointer_format=_pointer_format(entry))
@@ -184,9 +195,11 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
     tile_m, tile_n = lay.tile_m, lay.tile_n
     prefix = [0]
     total = 0
-    for m, n, _ in shapes:
+    a_elements = 0
+    for m, n, k in shapes:
         total += (-(-m // tile_m)) * (-(-n // tile_n))
         prefix.append(total)
+        a_elements += m * k
     grid = grid_size(entry, total, sm_count)
     idx = lay.size_index
     if idx == (0, 1, 2, 3):
@@ -204,7 +217,8 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         cta_prefix=tuple(prefix),
         total_tiles=total,
         grid=grid,
-        workspace_bytes=grid * lay.per_cta,
+        workspace_bytes=lay.header + grid * lay.per_cta + a_elements * lay.a_element,
+        workspace_header=lay.header,
         plan_tables=combined,
         cta_prefix_offset=offset,
         pointer_columns=lay.pointer_columns,

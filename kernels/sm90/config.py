@@ -23,6 +23,12 @@ class Config:
     # B (weights) dequantized straight into wgmma A-operand registers (RS wgmma) instead of
     # through a shared-memory fp16 tile: halves the shared-memory traffic of each step.
     w_regs: bool = True
+    # A (activations) converted to fp16 once per call, by every CTA before a grid-wide barrier,
+    # into a workspace the GEMM phase then loads with TMA: the tile loop converts only weights
+    # (otherwise each CTA re-converts its A rows for every weight tile it computes).
+    a_fp16: bool = True
+    # fp16 A buffers of 64 K each (with a_fp16): the TMA ring the wgmma reads from.
+    a_slots: int = 8
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -32,6 +38,9 @@ FP16_BUFFERS, SUB_K = 3, 64
 
 def smem_bytes(config: Config) -> int:
     """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
+    if config.a_fp16:
+        b_stage = config.tile_n * (K_TILE // 2) + 512 * K_TILE // 64
+        return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * (512 * K_TILE // 64)
     fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
@@ -52,10 +61,18 @@ def check(config: Config) -> list[str]:
         reasons.append(f"w_regs must be true or false, but got {config.w_regs!r}")
     if config.tile_n not in TILE_NS:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
+    if not isinstance(config.a_fp16, bool):
+        reasons.append(f"a_fp16 must be true or false, but got {config.a_fp16!r}")
+    if config.a_fp16 and not config.w_regs:
+        reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
+    if not 2 <= config.a_slots <= 32:
+        reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:
         reasons.append(f"stages must be in 2..8, but got {config.stages}")
     if not reasons and smem_bytes(config) > SMEM_LIMIT:
         reasons.append(
-            f"stages {config.stages} with tile_m {config.tile_m} needs {smem_bytes(config)} bytes "
-            f"of shared memory, more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages")
+            f"stages {config.stages} with tile_m {config.tile_m}"
+            + (f" and a_slots {config.a_slots}" if config.a_fp16 else "")
+            + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
+            "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else ""))
     return reasons

@@ -49,8 +49,11 @@ from . import tma
 from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
 from .dequant import dequant_word, scale_pair
 from .fp4_bits import fragment_word, permuted_chunk
-from .ptx import (e4m3x2_to_f16x2, ld_shared_u16, ld_shared_u32, ld_shared_v2, ld_shared_v4,
-                  prmt, st_shared_v2, st_shared_v4, trap)
+from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_global,
+                  ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4, ld_shared_u16,
+                  ld_shared_u32, ld_shared_v2, ld_shared_v4, nanosleep, prmt,
+                  red_add_release_gpu_u32, st_global_v4, st_relaxed_gpu_u32, st_shared_v2,
+                  st_shared_v4, trap)
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
 PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
@@ -63,8 +66,23 @@ CONSUMER_THREADS = 256
 # Placeholder extents for the descriptor templates; the kernel patches dims and strides.
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
-# Operand order inside a descriptor set.
+_PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
+# Operand order inside a descriptor set (with a_fp16, OP_A is the fp16 copy and OP_SFA unused).
 OP_B, OP_A, OP_SFB, OP_SFA = range(4)
+# a_fp16: the workspace starts with the grid barrier (arrival counter, then the generation word
+# on its own 64-byte line); the runtime zeroes it once and every launch leaves it zeroed.
+HEADER_BYTES = 128
+BARRIER_GENERATION = 64
+A_CHUNK_K = 32  # K elements per staging thread-chunk: 16 packed bytes, 64 fp16 bytes
+STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
+
+
+class _Slot:
+    """A pipeline position by buffer index alone: consumer_release reads only `.index`, and a
+    lagged release must not copy the live PipelineState inside dynamic control flow."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
 
 
 class Sm90GroupedGemm:
@@ -79,6 +97,7 @@ class Sm90GroupedGemm:
         self.tile_n = config.tile_n  # B rows (weights) per CTA tile = 2 warpgroups x wgmma M 64
         self.stages = config.stages
         self.w_regs = config.w_regs
+        self.a_fp16 = config.a_fp16
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -107,8 +126,16 @@ class Sm90GroupedGemm:
         scale_ph = self._placeholder(_PH_SCALE, scale_stride)
         atom_b, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_b_smem,
                                                 (tile_n, PACKED_ROW_BYTES))
-        atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
-                                                (tile_m, PACKED_ROW_BYTES))
+        if cutlass.const_expr(self.a_fp16):
+            a16_layout = self._a16_layout()
+            a16_ph = cute.make_tensor(
+                cute.make_ptr(Float16, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
+                cute.make_layout((_PH_ROWS, _PH_K), stride=(_PH_K, 1)))
+            a16_smem = cute.slice_(a16_layout, (None, None, 0))
+            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem, (tile_m, SUB_K))
+        else:
+            atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
+                                                    (tile_m, PACKED_ROW_BYTES))
         atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
         atom_sfa, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
 
@@ -118,8 +145,12 @@ class Sm90GroupedGemm:
         packed_shape, packed_stride = (_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1)
         args.tma_template("tma_b", atom_b, "b",
                           geometry(atom_b, packed_shape, packed_stride, packed_b_smem))
-        args.tma_template("tma_a", atom_a, "a",
-                          geometry(atom_a, packed_shape, packed_stride, packed_a_smem))
+        if cutlass.const_expr(self.a_fp16):
+            args.tma_template("tma_a", atom_a, "a",
+                              geometry(atom_a, (_PH_ROWS, _PH_K), (_PH_K, 1), a16_smem))
+        else:
+            args.tma_template("tma_a", atom_a, "a",
+                              geometry(atom_a, packed_shape, packed_stride, packed_a_smem))
         args.tma_template("tma_sfb", atom_sfb, "sfb",
                           geometry(atom_sfb, _PH_SCALE, scale_stride, scale_smem))
         args.tma_template("tma_sfa", atom_sfa, "sfa",
@@ -152,7 +183,22 @@ class Sm90GroupedGemm:
             fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, fb_elems], 1024]
 
         self.shared_storage = SharedStorage
-        self.smem_bytes = SharedStorage.size_in_bytes()
+        if cutlass.const_expr(self.a_fp16):
+            a_slots = self.config.a_slots
+            a16_elems = cute.cosize(self._a16_layout())
+
+            @cute.struct
+            class SharedStorageA16:
+                mbar: cute.struct.MemRange[Int64, stages * 2]
+                mbar_a: cute.struct.MemRange[Int64, a_slots * 2]
+                packed_b: cute.struct.Align[
+                    cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
+                scale_b: cute.struct.Align[
+                    cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
+                a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
+
+            self.shared_storage = SharedStorageA16
+        self.smem_bytes = self.shared_storage.size_in_bytes()
         assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
         self.args = args
         self.kernel.set_name_prefix(SYMBOL_PREFIX, remove_cutlass_symbol=True,
@@ -175,6 +221,12 @@ class Sm90GroupedGemm:
         mnk = (self.tile_n, self.tile_m, SUB_K)
         return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS),
                 sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS))
+
+    def _a16_layout(self) -> Any:
+        """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
+        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
+                                             (self.tile_n, self.tile_m, SUB_K), Float16,
+                                             self.config.a_slots)
 
     @staticmethod
     def _packed_layout(rows: int) -> Any:
@@ -213,6 +265,16 @@ class Sm90GroupedGemm:
             trap()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        if cutlass.const_expr(self.a_fp16):
+            self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
+                             workspace, num_groups, tidx, warp_idx, bidx, grid)
+        else:
+            self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
+                            cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
+
+    @cute.jit
+    def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
+                   cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
         tx_bytes = (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(),
@@ -240,6 +302,268 @@ class Sm90GroupedGemm:
             fb_layout, fa_layout = self._fp16_layouts()
             self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
                            prefix, total_tiles, bidx, grid, tidx - 128)
+
+    # ------------------------------------------------------------------ a_fp16 (v3)
+    @cute.jit
+    def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
+                    cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+        """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
+        workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
+        tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
+        b_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     CONSUMER_THREADS // 32),
+            tx_count=self.tile_n * PACKED_ROW_BYTES + SCALE_STAGE_BYTES,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        a_pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_a.data_ptr(),
+            num_stages=self.config.a_slots,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     CONSUMER_THREADS // 32),
+            tx_count=self.tile_m * SUB_K * 2,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+        sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+        ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
+        prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
+        total_tiles = prefix[num_groups]
+        ws_base = workspace.toint()
+        a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
+                                                    * tma.TENSORMAP_BYTES)
+
+        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)
+        cute.arch.barrier()
+        if tidx == 0:
+            self._grid_barrier(ws_base, grid)
+        cute.arch.barrier()
+        # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
+        fence_proxy_async_global()
+
+        if warp_idx == 0:
+            self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                               prefix, ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
+        if warp_idx >= 4:
+            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                               total_tiles, bidx, grid, tidx - 128)
+
+    @cute.jit
+    def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
+        """Convert every group's A to fp16 at a16_base (groups back to back, rows of k). Each
+        thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
+        them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
+        lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
+        STAGE_UNROLL chunks per iteration issue their loads before any conversion: the phase
+        is one or two memory round trips per thread, so latency, not bandwidth, sets its time."""
+        stride = grid * THREADS
+        first = bidx * THREADS + tidx
+        offset = Int64(0)
+        for g in cutlass.range(num_groups, unroll=1):
+            m = sizes[g, tables.COL_M]
+            k = sizes[g, tables.COL_K]
+            chunks_per_row = k // A_CHUNK_K
+            total = m * chunks_per_row
+            a_ptr = ptrs[g, tables.PTR_A]
+            sf_ptr = ptrs[g, tables.PTR_SFA]
+            dst_g = a16_base + offset
+            c = first
+            while c < total:
+                rows, kcs, words, scales = [], [], [], []
+                for u in cutlass.range_constexpr(STAGE_UNROLL):
+                    # Past the end: load the last chunk again (valid memory), store nothing.
+                    cu = cutlass.min(c + u * stride, total - 1)
+                    row = cu // chunks_per_row
+                    kc = cu - row * chunks_per_row
+                    j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
+                    sf_off = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
+                              + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
+                    words.append(ld_global_nc_v4(a_ptr + Int64(row) * Int64(k // 2) + kc * 16))
+                    scales.append(ld_global_nc_u16(sf_ptr + Int64(sf_off)))
+                    rows.append(row)
+                    kcs.append(kc)
+                for u in cutlass.range_constexpr(STAGE_UNROLL):
+                    s0, s1 = scale_pair(scales[u])
+                    outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
+                    kc = kcs[u]
+                    dst = (dst_g + Int64(rows[u]) * Int64(k * 2) + (kc // 2) * (SUB_K * 2)
+                           + (kc % 2) * 64)
+                    if c + u * stride < total:
+                        for q in cutlass.range_constexpr(4):
+                            chunk, _ = permuted_chunk(0, q)
+                            st_global_v4(dst + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
+                                         outs[3][q])
+                c += STAGE_UNROLL * stride
+            offset += Int64(m) * Int64(k * 2)
+        fence_proxy_async_global()
+
+    @cute.jit
+    def _grid_barrier(self, ws_base, grid) -> None:
+        """One thread per CTA: a self-resetting barrier over the whole (co-resident,
+        cooperatively launched) grid, counters in the zeroed workspace header."""
+        counter = ws_base
+        generation = ws_base + BARRIER_GENERATION
+        seen = ld_acquire_gpu_u32(generation)
+        arrived = atom_add_acq_rel_gpu_u32(counter, 1)
+        if arrived == Uint32(grid - 1):
+            st_relaxed_gpu_u32(counter, 0)  # ready for the next launch before anyone leaves
+            red_add_release_gpu_u32(generation, 1)
+        else:
+            now = ld_acquire_gpu_u32(generation)
+            while now == seen:
+                nanosleep(64)
+                now = ld_acquire_gpu_u32(generation)
+
+    @cute.jit
+    def _a16_offset(self, sizes, group) -> Int64:
+        """Byte offset of group `group`'s fp16 A in the staging area."""
+        offset = Int64(0)
+        for g in cutlass.range(group, unroll=1):
+            offset += Int64(sizes[g, tables.COL_M]) * Int64(sizes[g, tables.COL_K] * 2)
+        return offset
+
+    @cute.jit
+    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+        atoms = (tma_b, tma_a16, tma_sfb)
+        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(tma.SETS):
+                for o in cutlass.range_constexpr(3):
+                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
+        cute.arch.sync_warp()
+        cute.arch.fence_acq_rel_cta()
+
+        packed_b = storage.packed_b.data_ptr()
+        scale_b = storage.scale_b.data_ptr()
+        a16 = storage.a16.data_ptr()
+        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                               self.config.a_slots)
+        group = Int32(0)
+        prev_group = Int32(-1)
+        desc_set = Int32(1)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            if group != prev_group:
+                desc_set = 1 - desc_set
+                self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
+                                            a16_base, m, n, k)
+                prev_group = group
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
+            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
+            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            row_a = tile_m_idx * self.tile_m
+            row_b = tile_n_idx * self.tile_n
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.producer_acquire(b_state)
+                bar = b_pipe.producer_get_barrier(b_state)
+                stage = b_state.index
+                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
+                             (kt * PACKED_ROW_BYTES, row_b))
+                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
+                             (0, kt * SCALE_BOX[1], row_b // 128))
+                b_pipe.producer_commit(b_state)
+                b_state.advance()
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    a_pipe.producer_acquire(a_state)
+                    tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
+                                 a_pipe.producer_get_barrier(a_state),
+                                 (kt * K_TILE + s * SUB_K, row_a))
+                    a_pipe.producer_commit(a_state)
+                    a_state.advance()
+            tile += grid
+        b_pipe.producer_tail(b_state)
+        a_pipe.producer_tail(a_state)
+
+    @cute.jit
+    def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,
+                               m, n, k) -> None:
+        row_bytes = k // 2
+        scale_k = k // 64
+        a16_ptr = cute.make_ptr(Float16, a16_base + self._a16_offset(sizes, group),
+                                cute.AddressSpace.gmem, assumed_align=16)
+        tensors = (
+            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
+            cute.make_tensor(a16_ptr, cute.make_layout((m, k), stride=(k, 1))),
+            self._bytes_tensor(ptrs[group, tables.PTR_SFB],
+                               (SCALE_BOX[0], 2 * scale_k, (n + 127) // 128),
+                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
+        )
+        for o in cutlass.range_constexpr(3):
+            cpasync.update_tma_descriptor(atoms[o], tensors[o],
+                                          tma.descriptor_ptr(ws, bidx, desc_set, o))
+        cute.arch.sync_warp()
+        cpasync.fence_tma_desc_release()
+        for o in cutlass.range_constexpr(3):
+            cpasync.fence_tma_desc_acquire(tma.descriptor_ptr(ws, bidx, desc_set, o))
+
+    @cute.jit
+    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                      total_tiles, bidx, grid, ct) -> None:
+        a16_layout = self._a16_layout()
+        a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
+        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                  for _ in range(2)]
+        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        num_kblocks = cute.size(frag_w[0], mode=[2])
+        packed_b = storage.packed_b.data_ptr().toint()
+        scale_b = storage.scale_b.data_ptr().toint()
+
+        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                               self.config.a_slots)
+        prev_slot = Int32(0)
+        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.consumer_wait(b_state)
+                stage = b_state.index
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    self._dequant_b_fragment(
+                        words_w[s % 2], ct, s,
+                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                        scale_b + stage * SCALE_STAGE_BYTES)
+                    if s == SUB_STEPS - 1:
+                        b_pipe.consumer_release(b_state)  # the weights are in registers now
+                    a_pipe.consumer_wait(a_state)
+                    slot = a_state.index
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
+                                  frag_a[None, None, kb, slot], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    # The previous step's wgmma has retired: its A slot may be refilled. (The
+                    # first step of a tile has none: the tile end released it.)
+                    if cutlass.const_expr(s > 0):
+                        a_pipe.consumer_release(_Slot(prev_slot))
+                    else:
+                        if kt > 0:
+                            a_pipe.consumer_release(_Slot(prev_slot))
+                    prev_slot = slot
+                    a_state.advance()
+                b_state.advance()
+            warpgroup.wait_group(0)
+            a_pipe.consumer_release(_Slot(prev_slot))
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
 
     @cute.jit
     def _group_of(self, tile: Int32, group: Int32, prefix: cute.Tensor, sizes: cute.Tensor):
@@ -557,9 +881,14 @@ def compile_kernel(config: Config, *, arch: str,
         block=block,
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
-        grid={"policy": "persistent", "ctas_per_sm": 1},
+        # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
+        grid={"policy": "persistent", "ctas_per_sm": 1,
+              **({"cooperative": True} if config.a_fp16 else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
-        tables=tables.tables_record(tma.SETS * tma.MAPS_PER_SET),
+        tables=tables.tables_record(
+            tma.SETS * tma.MAPS_PER_SET,
+            header_bytes=HEADER_BYTES if config.a_fp16 else 0,
+            bytes_per_a_element=2 if config.a_fp16 else 0),
         constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
                      "n_multiple": N_MULTIPLE},
     )

@@ -130,3 +130,95 @@ def st_shared_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc, ip=ip,
     )
+
+
+# ---------------------------------------------------------------- global memory (a_fp16 staging)
+# Addresses are 64-bit generic-space integers (Int64) taken from the pointer table.
+
+
+def _i64(value: Any, loc: Any, ip: Any) -> ir.Value:
+    from cutlass import Int64
+
+    return value if isinstance(value, ir.Value) else Int64(value).ir_value(loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_global_nc_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
+    """16-byte read-only global load (the kernel never writes what it reads this way)."""
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4), [_i64(addr, loc, ip)],
+        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def ld_global_nc_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A 16-bit read-only global load, zero-extended."""
+    out = llvm.inline_asm(
+        T.i32(), [_i64(addr, loc, ip)],
+        "{\n.reg .b16 h;\nld.global.nc.b16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out)
+
+
+@dsl_user_op
+def st_global_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
+                 ip: Any = None) -> None:
+    """16-byte global store."""
+    llvm.inline_asm(
+        None, [_i64(addr, loc, ip)] + [_ir(x, loc, ip) for x in (w0, w1, w2, w3)],
+        "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+
+
+def _asm(text: str, constraints: str, args: list[Any], loc: Any, ip: Any,
+         result: bool) -> Any:
+    out = llvm.inline_asm(
+        T.i32() if result else None, args, text, constraints,
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out) if result else None
+
+
+@dsl_user_op
+def fence_proxy_async_global(*, loc: Any = None, ip: Any = None) -> None:
+    """Order this thread's generic-proxy global accesses with later async-proxy (TMA) ones."""
+    _asm("fence.proxy.async.global;", "", [], loc, ip, False)
+
+
+@dsl_user_op
+def ld_acquire_gpu_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    return _asm("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [_i64(addr, loc, ip)], loc, ip,
+                True)
+
+
+@dsl_user_op
+def atom_add_acq_rel_gpu_u32(addr: Any, value: Any, *, loc: Any = None,
+                             ip: Any = None) -> Uint32:
+    return _asm("atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r",
+                [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip, True)
+
+
+@dsl_user_op
+def st_relaxed_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
+    _asm("st.relaxed.gpu.global.u32 [$0], $1;", "l,r", [_i64(addr, loc, ip), _ir(value, loc, ip)],
+         loc, ip, False)
+
+
+@dsl_user_op
+def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
+    _asm("red.release.gpu.global.add.u32 [$0], $1;", "l,r",
+         [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip, False)
+
+
+@dsl_user_op
+def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
+    _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip, False)
