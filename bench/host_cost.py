@@ -185,10 +185,10 @@ def measure(gg, rt, args, batch: int, batches: int, sync, real_launch: bool) -> 
     row("capture_check", lambda: rt._capturing(stream))
     row("tables_ready", lambda: (table.ready_on(stream, device),
                                  dp.eager_tables(device, stream)))
-    row("workspace", lambda: rt._workspace(stream, dp.workspace_bytes))
+    row("workspace", lambda: rt._workspace(stream, dp.workspace_bytes, dp.workspace_header))
 
     tab = dp.eager_tables(device, stream)
-    ws = rt._workspace(stream, dp.workspace_bytes)
+    ws = rt._workspace(stream, dp.workspace_bytes, dp.workspace_header)
 
     def patch():  # what a repeated launch does: compare, nothing to rewrite
         s = dp.slot()

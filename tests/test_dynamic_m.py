@@ -519,14 +519,14 @@ def test_launch_reuses_one_workspace_per_stream(dev) -> None:
     (s1, p1), (s2, p2), (s3, p3) = dev.drv.launches
     assert (s1, s2, s3) == (7, 7, 8)
     assert slots(p1)[1] == slots(p2)[1] != slots(p3)[1]
-    assert dev.rt._workspaces[7][1] >= dp.plan.workspace_bytes
+    assert dev.rt._workspaces[(7, 0)][1] >= dp.plan.workspace_bytes
     # A plan that needs more grows stream 7's workspace (the old one is dropped, not reused).
     dev.rt.stream = 7
     big = dev.plan(((4000, 3072, 4096), (4000, 3072, 4096)))
-    assert big.workspace_bytes > dev.rt._workspaces[7][1]
+    assert big.workspace_bytes > dev.rt._workspaces[(7, 0)][1]
     dev.rt.launch(big, ptrs, None)
     assert slots(dev.drv.launches[-1][1])[1] != slots(p1)[1]
-    assert dev.rt._workspaces[7][1] >= big.workspace_bytes
+    assert dev.rt._workspaces[(7, 0)][1] >= big.workspace_bytes
 
 
 def test_pointer_table_rows_follow_the_recorded_columns(dev) -> None:
@@ -577,7 +577,7 @@ def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatc
     dev.rt.launch(dp, ptrs, lambda: checks.append(1))
     pointers, ws, sizes, _ = slots(dev.drv.launches[-1][1])
     assert checks == [1]  # inside a capture the pointer checks always run
-    assert ws != eager_ws and dev.rt._workspaces[7][2] == eager_ws
+    assert ws != eager_ws and dev.rt._workspaces[(7, 0)][2] == eager_ws
     assert (pointers, sizes) == (captured[0].data_ptr(), captured[1].data_ptr())
 
 
@@ -701,3 +701,62 @@ def test_host_cost_bench_runs_without_a_gpu(tmp_path: Path) -> None:
     assert report["meta"]["8"]["kernel"] == "tiny8_any_m.sm_90a.acc1"
     for rows in report["results"].values():
         assert rows["total"] > 0 and rows["dynamic_new_m"] > 0
+
+
+# ------------------------------------------------------------------ staged-A workspace (sm90 v3)
+
+STAGED_WS = {"bytes_per_cta": 1024, "align": 128, "header_bytes": 128, "bytes_per_a_element": 2}
+
+
+def staged_entry():
+    e, _ = entry(groups=[[192, 3072, 4096], [320, 3072, 4096]])
+    return dataclasses.replace(e, tables={**e.tables, "tensormap_workspace": STAGED_WS})
+
+
+def test_plan_sizes_header_slots_and_staged_a() -> None:
+    shapes = ((192, 3072, 4096), (320, 3072, 4096))
+    p = make_plan(staged_entry(), shapes, 132)
+    assert p.workspace_header == 128
+    assert p.workspace_bytes == 128 + p.grid * 1024 + (192 + 320) * 4096 * 2
+    plain, _ = entry(groups=[list(s) for s in shapes])
+    q = make_plan(plain, shapes, 132)
+    assert (q.workspace_header, q.workspace_bytes) == (0, q.grid * 512)
+
+
+@pytest.mark.parametrize("key, value, why", [
+    ("header_bytes", 100, "must be a multiple of 128, but got 100"),
+    ("header_bytes", -128, "must be a non-negative int, but got -128"),
+    ("bytes_per_a_element", True, "must be a non-negative int, but got True"),
+])
+def test_plan_rejects_bad_workspace_record(key, value, why) -> None:
+    e = staged_entry()
+    e = dataclasses.replace(e, tables={**e.tables,
+                                       "tensormap_workspace": {**STAGED_WS, key: value}})
+    with pytest.raises(runtime.ManifestError,
+                       match=rf"tables\.tensormap_workspace\.{key} {why}$"):
+        make_plan(e, ((192, 3072, 4096), (320, 3072, 4096)), 132)
+
+
+def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
+    # Fresh allocations full of 0xAB, so a header left unzeroed cannot pass by luck.
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(0xAB))
+    from runtime.device import DevicePlan
+
+    prepared = device_mod_prepared(dev)
+    shapes = ((192, 3072, 4096), (320, 3072, 4096))
+    staged = DevicePlan(make_plan(staged_entry(), shapes, 132), prepared)
+    ptrs = tuple(range(0x1000, 0x1000 + 10 * 0x100, 0x100))
+    dev.rt.launch(staged, ptrs, None)
+    dev.rt.launch(dev.plan(shapes), ptrs, None)
+    ws_staged, ws_plain = dev.rt._workspaces[(7, 128)], dev.rt._workspaces[(7, 0)]
+    assert ws_staged[2] != ws_plain[2]
+    assert ws_staged[1] >= staged.plan.workspace_bytes
+    assert ws_staged[0][:128].eq(0).all() and ws_staged[0][128:].eq(0xAB).all()
+    assert ws_plain[0].eq(0xAB).all()  # nothing to zero without a header
+    (_, p_staged), (_, p_plain) = dev.drv.launches
+    assert slots(p_staged)[1] == ws_staged[2] and slots(p_plain)[1] == ws_plain[2]
+
+
+def device_mod_prepared(dev):
+    return dev.plan(((192, 3072, 4096),)).prepared

@@ -506,6 +506,21 @@ def test_launch_config_cluster_attribute_only_for_real_clusters() -> None:
     assert clustered.attrs[0].value.clusterDim.x == 2
 
 
+def test_launch_config_cooperative_attribute() -> None:
+    from cuda.bindings import driver
+
+    from runtime.launch import make_config
+
+    coop = make_config(132, (384, 1, 1), 1024, (1, 1, 1), cooperative=True)
+    assert coop.numAttrs == 1
+    assert coop.attrs[0].id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+    assert coop.attrs[0].value.cooperative == 1
+    both = make_config(132, (256, 1, 1), 1024, (2, 1, 1), cooperative=True)
+    assert [a.id for a in both.attrs] == [
+        driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE]
+
+
 # ------------------------------------------------------------------ input validation
 
 

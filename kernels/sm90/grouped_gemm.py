@@ -4,13 +4,19 @@ Op, per group g:  C_g[m, n] = sum_k (A_g[m, k] * SFA_g[m, k//16]) * (B_g[n, k] *
 with A (M, K) and B (N, K) packed e2m1 (K/2 bytes per row, element 2j in the low nibble), SFA and
 SFB e4m3 in the blocked 128x4 layout of facts.md, C (M, N) fp16 row-major; fp32 accumulation.
 
-Hopper has no FP4 tensor cores, so the data path is:
-  TMA (packed fp4 and scale bytes, per-group descriptors patched in a workspace)
-    -> shared memory, a `stages`-deep mbarrier pipeline fed by one producer warp
-    -> two consumer warpgroups dequantize value * scale to fp16 in registers (exact) and store it
-       into swizzled shared-memory tiles, 64 K at a time, rotating over 3 buffers
-    -> SS wgmma m64nNk16, fp32 accumulators in registers
+Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the default):
+  phase 1: every thread of every CTA converts a share of all groups' A to fp16 (exact) into the
+           workspace, in the kernel's permuted K order; a grid-wide barrier follows (the launch
+           is cooperative, so all CTAs are resident; counters in a zeroed workspace header)
+  phase 2: TMA (packed B fp4 and its scale bytes, per-group descriptors patched in the
+           workspace) -> a `stages`-deep mbarrier pipeline; TMA of fp16 A tiles (64 K each)
+           -> an `a_slots`-deep ring; one producer warp issues both
+    -> two consumer warpgroups dequantize B (weights) value * scale to fp16 straight into their
+       wgmma register fragments and run RS wgmma m64nNk16 with A from the ring, fp32 accumulate
     -> epilogue writes C with per-element bounds checks (rows >= m and cols >= n untouched).
+v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
+swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
+small problems, where phase 1 and the barrier cost more than the conversions they save.
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
 the wgmma M dimension walks B's rows (128 per CTA tile, 64 per warpgroup) and the wgmma N
