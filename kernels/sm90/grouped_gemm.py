@@ -281,22 +281,12 @@ class Sm90GroupedGemm:
     @cute.jit
     def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
                    cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
-        tx_bytes = (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES
-        mainloop = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            # consumer_release arrives once per consumer warp (lane 0)
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     CONSUMER_THREADS // 32),
-            tx_count=tx_bytes,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
+        mainloop = self._tma_pipeline(
+            storage.mbar, self.stages,
+            (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
 
-        sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
-        ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
-        prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
-        total_tiles = prefix[num_groups]
+        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
+                                                        num_groups)
 
         # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
         # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
@@ -309,6 +299,28 @@ class Sm90GroupedGemm:
             self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
                            prefix, total_tiles, bidx, grid, tidx - 128)
 
+    @cute.jit
+    def _tables(self, problem_sizes, pointers, cta_prefix, num_groups):
+        """The device tables as tensors (kernels/tables.py layouts), and the total tile count."""
+        sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
+        ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
+        prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
+        return sizes, ptrs, prefix, prefix[num_groups]
+
+    @staticmethod
+    def _tma_pipeline(barriers: Any, stages: int, tx_bytes: int) -> Any:
+        """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
+        consumer warp (lane 0)."""
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barriers.data_ptr(),
+            num_stages=stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     CONSUMER_THREADS // 32),
+            tx_count=tx_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
     # ------------------------------------------------------------------ a_fp16 (v3)
     @cute.jit
     def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
@@ -316,28 +328,12 @@ class Sm90GroupedGemm:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
-        b_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar.data_ptr(),
-            num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     CONSUMER_THREADS // 32),
-            tx_count=self.tile_n * PACKED_ROW_BYTES + SCALE_STAGE_BYTES,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
-        a_pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_a.data_ptr(),
-            num_stages=self.config.a_slots,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     CONSUMER_THREADS // 32),
-            tx_count=self.tile_m * SUB_K * 2,
-            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
-        )
-        sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
-        ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
-        prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
-        total_tiles = prefix[num_groups]
+        b_pipe = self._tma_pipeline(storage.mbar, self.stages,
+                                    self.tile_n * PACKED_ROW_BYTES + SCALE_STAGE_BYTES)
+        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
+                                    self.tile_m * SUB_K * 2)
+        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
+                                                        num_groups)
         ws_base = workspace.toint()
         a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
                                                     * tma.TENSORMAP_BYTES)
@@ -436,12 +432,7 @@ class Sm90GroupedGemm:
                       prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(tma.SETS):
-                for o in cutlass.range_constexpr(3):
-                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
-        cute.arch.sync_warp()
-        cute.arch.fence_acq_rel_cta()
+        self._copy_templates(atoms, ws, bidx)
 
         packed_b = storage.packed_b.data_ptr()
         scale_b = storage.scale_b.data_ptr()
@@ -497,17 +488,9 @@ class Sm90GroupedGemm:
         tensors = (
             self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
             cute.make_tensor(a16_ptr, cute.make_layout((m, k), stride=(k, 1))),
-            self._bytes_tensor(ptrs[group, tables.PTR_SFB],
-                               (SCALE_BOX[0], 2 * scale_k, (n + 127) // 128),
-                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
+            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
         )
-        for o in cutlass.range_constexpr(3):
-            cpasync.update_tma_descriptor(atoms[o], tensors[o],
-                                          tma.descriptor_ptr(ws, bidx, desc_set, o))
-        cute.arch.sync_warp()
-        cpasync.fence_tma_desc_release()
-        for o in cutlass.range_constexpr(3):
-            cpasync.fence_tma_desc_acquire(tma.descriptor_ptr(ws, bidx, desc_set, o))
+        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     @cute.jit
     def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
@@ -592,12 +575,7 @@ class Sm90GroupedGemm:
                   workspace, total_tiles, bidx, grid) -> None:
         atoms = (tma_b, tma_a, tma_sfb, tma_sfa)
         ws = cute.make_ptr(Int64, workspace.toint(), cute.AddressSpace.gmem, assumed_align=128)
-        with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(tma.SETS):
-                for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
-                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
-        cute.arch.sync_warp()
-        cute.arch.fence_acq_rel_cta()
+        self._copy_templates(atoms, ws, bidx)
 
         packed_b = storage.packed_b.data_ptr()
         packed_a = storage.packed_a.data_ptr()
@@ -647,19 +625,38 @@ class Sm90GroupedGemm:
         tensors = (
             self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
             self._bytes_tensor(ptrs[group, tables.PTR_A], (m, row_bytes), (row_bytes, 1)),
-            self._bytes_tensor(ptrs[group, tables.PTR_SFB],
-                               (SCALE_BOX[0], 2 * scale_k, (n + 127) // 128),
-                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
-            self._bytes_tensor(ptrs[group, tables.PTR_SFA],
-                               (SCALE_BOX[0], 2 * scale_k, (m + 127) // 128),
-                               (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES)),
+            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
+            self._scale_tensor(ptrs[group, tables.PTR_SFA], m, scale_k),
         )
-        for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
+        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
+
+    @staticmethod
+    def _scale_tensor(address: Int64, rows: Int32, scale_k: Int32) -> cute.Tensor:
+        """An operand's blocked scales as the (256 bytes, 2 x 64-K atoms, 128-row blocks) view
+        the scale TMA box walks."""
+        return Sm90GroupedGemm._bytes_tensor(address,
+                                             (SCALE_BOX[0], 2 * scale_k, (rows + 127) // 128),
+                                             (1, SCALE_BOX[0], scale_k * SCALE_ATOM_BYTES))
+
+    @cute.jit
+    def _copy_templates(self, atoms, ws, bidx) -> None:
+        """Copy the descriptor templates (kernel parameters) into both of this CTA's sets."""
+        with cute.arch.elect_one():
+            for s in cutlass.range_constexpr(tma.SETS):
+                for o in cutlass.range_constexpr(len(atoms)):
+                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
+        cute.arch.sync_warp()
+        cute.arch.fence_acq_rel_cta()
+
+    @cute.jit
+    def _install_descriptors(self, atoms, tensors, ws, bidx, desc_set) -> None:
+        """Patch set `desc_set` to `tensors` and make it visible to this warp's TMA loads."""
+        for o in cutlass.range_constexpr(len(atoms)):
             cpasync.update_tma_descriptor(atoms[o], tensors[o],
                                           tma.descriptor_ptr(ws, bidx, desc_set, o))
         cute.arch.sync_warp()
         cpasync.fence_tma_desc_release()
-        for o in cutlass.range_constexpr(tma.MAPS_PER_SET):
+        for o in cutlass.range_constexpr(len(atoms)):
             cpasync.fence_tma_desc_acquire(tma.descriptor_ptr(ws, bidx, desc_set, o))
 
     @staticmethod

@@ -49,11 +49,33 @@ def e4m3x2_to_f16x2(a: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     )
 
 
-def _ld_shared_words(addr: Any, words: int, loc: Any, ip: Any) -> tuple[Uint32, ...]:
+def _asm(text: str, constraints: str, args: list[Any], loc: Any, ip: Any,
+         result: bool = False) -> Any:
+    """Inline PTX with side effects (memory, barriers): never moved across others like it."""
+    out = llvm.inline_asm(
+        T.i32() if result else None, args, text, constraints,
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return Uint32(out) if result else None
+
+
+def _i64(value: Any, loc: Any, ip: Any) -> ir.Value:
+    from cutlass import Int64
+
+    return value if isinstance(value, ir.Value) else Int64(value).ir_value(loc=loc, ip=ip)
+
+
+# Memory accesses: `op` is the PTX opcode prefix, `addr` an IR value of the constraint `ac`
+# ("r": a 32-bit shared address; "l": a 64-bit global address from the pointer table).
+
+
+def _ld_words(op: str, addr: ir.Value, ac: str, words: int, loc: Any,
+              ip: Any) -> tuple[Uint32, ...]:
     outs = ", ".join(f"${i}" for i in range(words))
     res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * words), [_ir(addr, loc, ip)],
-        f"ld.shared.v{words}.b32 {{{outs}}}, [${words}];", "=r," * words + "r",
+        llvm.StructType.get_literal([T.i32()] * words), [addr],
+        f"{op}.v{words}.b32 {{{outs}}}, [${words}];", "=r," * words + ac,
         has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
         loc=loc, ip=ip,
     )
@@ -61,40 +83,73 @@ def _ld_shared_words(addr: Any, words: int, loc: Any, ip: Any) -> tuple[Uint32, 
                  for i in range(words))
 
 
+def _ld_u16(op: str, addr: ir.Value, ac: str, loc: Any, ip: Any) -> Uint32:
+    return _asm(f"{{\n.reg .b16 h;\n{op}.b16 h, [$1];\ncvt.u32.u16 $0, h;\n}}", "=r," + ac,
+                [addr], loc, ip, True)
+
+
+def _st_words(op: str, addr: ir.Value, ac: str, values: tuple[Any, ...], loc: Any,
+              ip: Any) -> None:
+    words = len(values)
+    ins = ", ".join(f"${i + 1}" for i in range(words))
+    _asm(f"{op}.v{words}.b32 [$0], {{{ins}}};", ac + ",r" * words,
+         [addr] + [_ir(x, loc, ip) for x in values], loc, ip)
+
+
 @dsl_user_op
 def ld_shared_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
     """16-byte shared-memory load at a 32-bit shared address."""
-    return _ld_shared_words(addr, 4, loc, ip)
+    return _ld_words("ld.shared", _ir(addr, loc, ip), "r", 4, loc, ip)
 
 
 @dsl_user_op
 def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
     """8-byte shared-memory load at a 32-bit shared address."""
-    return _ld_shared_words(addr, 2, loc, ip)
+    return _ld_words("ld.shared", _ir(addr, loc, ip), "r", 2, loc, ip)
+
+
+@dsl_user_op
+def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A 32-bit shared-memory load at a 32-bit shared address."""
+    return _asm("ld.shared.b32 $0, [$1];", "=r,r", [_ir(addr, loc, ip)], loc, ip, True)
 
 
 @dsl_user_op
 def ld_shared_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     """A 16-bit shared-memory load, zero-extended."""
-    out = llvm.inline_asm(
-        T.i32(), [_ir(addr, loc, ip)],
-        "{\n.reg .b16 h;\nld.shared.b16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return Uint32(out)
+    return _ld_u16("ld.shared", _ir(addr, loc, ip), "r", loc, ip)
 
 
 @dsl_user_op
 def st_shared_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
                  ip: Any = None) -> None:
     """16-byte shared-memory store at a 32-bit shared address."""
-    llvm.inline_asm(
-        None, [_ir(x, loc, ip) for x in (addr, w0, w1, w2, w3)],
-        "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
+    _st_words("st.shared", _ir(addr, loc, ip), "r", (w0, w1, w2, w3), loc, ip)
+
+
+@dsl_user_op
+def st_shared_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """8-byte shared-memory store at a 32-bit shared address."""
+    _st_words("st.shared", _ir(addr, loc, ip), "r", (w0, w1), loc, ip)
+
+
+@dsl_user_op
+def ld_global_nc_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
+    """16-byte read-only global load (the kernel never writes what it reads this way)."""
+    return _ld_words("ld.global.nc", _i64(addr, loc, ip), "l", 4, loc, ip)
+
+
+@dsl_user_op
+def ld_global_nc_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A 16-bit read-only global load, zero-extended."""
+    return _ld_u16("ld.global.nc", _i64(addr, loc, ip), "l", loc, ip)
+
+
+@dsl_user_op
+def st_global_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
+                 ip: Any = None) -> None:
+    """16-byte global store."""
+    _st_words("st.global", _i64(addr, loc, ip), "l", (w0, w1, w2, w3), loc, ip)
 
 
 @dsl_user_op
@@ -106,92 +161,16 @@ def elect_sync(*, loc: Any = None, ip: Any = None) -> Any:
 @dsl_user_op
 def trap(*, loc: Any = None, ip: Any = None) -> None:
     """Abort the kernel (the launch fails with an illegal-instruction class error)."""
-    llvm.inline_asm(None, [], "trap;", "", has_side_effects=True, is_align_stack=False,
-                    asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    _asm("trap;", "", [], loc, ip)
 
 
-@dsl_user_op
-def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
-    """A 32-bit shared-memory load at a 32-bit shared address."""
-    out = llvm.inline_asm(
-        T.i32(), [_ir(addr, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return Uint32(out)
-
-
-@dsl_user_op
-def st_shared_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None) -> None:
-    """8-byte shared-memory store at a 32-bit shared address."""
-    llvm.inline_asm(
-        None, [_ir(x, loc, ip) for x in (addr, w0, w1)],
-        "st.shared.v2.b32 [$0], {$1, $2};", "r,r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-
-
-# ---------------------------------------------------------------- global memory (a_fp16 staging)
-# Addresses are 64-bit generic-space integers (Int64) taken from the pointer table.
-
-
-def _i64(value: Any, loc: Any, ip: Any) -> ir.Value:
-    from cutlass import Int64
-
-    return value if isinstance(value, ir.Value) else Int64(value).ir_value(loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_nc_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
-    """16-byte read-only global load (the kernel never writes what it reads this way)."""
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.i32()] * 4), [_i64(addr, loc, ip)],
-        "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return tuple(Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
-def ld_global_nc_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
-    """A 16-bit read-only global load, zero-extended."""
-    out = llvm.inline_asm(
-        T.i32(), [_i64(addr, loc, ip)],
-        "{\n.reg .b16 h;\nld.global.nc.b16 h, [$1];\ncvt.u32.u16 $0, h;\n}", "=r,l",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return Uint32(out)
-
-
-@dsl_user_op
-def st_global_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
-                 ip: Any = None) -> None:
-    """16-byte global store."""
-    llvm.inline_asm(
-        None, [_i64(addr, loc, ip)] + [_ir(x, loc, ip) for x in (w0, w1, w2, w3)],
-        "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-
-
-def _asm(text: str, constraints: str, args: list[Any], loc: Any, ip: Any,
-         result: bool) -> Any:
-    out = llvm.inline_asm(
-        T.i32() if result else None, args, text, constraints,
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return Uint32(out) if result else None
+# ---------------------------------------------------------------- grid barrier (a_fp16 staging)
 
 
 @dsl_user_op
 def fence_proxy_async_global(*, loc: Any = None, ip: Any = None) -> None:
     """Order this thread's generic-proxy global accesses with later async-proxy (TMA) ones."""
-    _asm("fence.proxy.async.global;", "", [], loc, ip, False)
+    _asm("fence.proxy.async.global;", "", [], loc, ip)
 
 
 @dsl_user_op
@@ -210,15 +189,15 @@ def atom_add_acq_rel_gpu_u32(addr: Any, value: Any, *, loc: Any = None,
 @dsl_user_op
 def st_relaxed_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
     _asm("st.relaxed.gpu.global.u32 [$0], $1;", "l,r", [_i64(addr, loc, ip), _ir(value, loc, ip)],
-         loc, ip, False)
+         loc, ip)
 
 
 @dsl_user_op
 def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
     _asm("red.release.gpu.global.add.u32 [$0], $1;", "l,r",
-         [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip, False)
+         [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)
 
 
 @dsl_user_op
 def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
-    _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip, False)
+    _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip)
