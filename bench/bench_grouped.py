@@ -33,6 +33,7 @@ import runtime  # noqa: E402
 from runtime.nvfp4 import (  # noqa: E402
     check_close,
     dequantize_nvfp4,
+    EXACT_DATA,
     make_grouped_problem,
     reference_grouped_gemm,
 )
@@ -103,8 +104,7 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
     n_sets = max(4, math.ceil(3 * L2_BYTES / set_bytes))
     n_sets = min(n_sets, 16)
     # Scales as in scripts/gpu_checks.py: fp32 sums are exact, so the check can be bit-exact.
-    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", values="full",
-                                  scale_exp=(0, 6), scale_exp_b=(-6, -3))
+    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", **EXACT_DATA)
              for i in range(n_sets)]
     outs = [[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
             for _ in probs]

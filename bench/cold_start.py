@@ -160,10 +160,9 @@ def pick_problem(artifacts: str, want: str | None) -> tuple[str, list[tuple[int,
 def write_problem(shapes: list, path: Path) -> None:
     import torch
 
-    from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
+    from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm
 
-    prob = make_grouped_problem(shapes, seed=7, values="full", scale_exp=(0, 6),
-                                scale_exp_b=(-6, -3))
+    prob = make_grouped_problem(shapes, seed=7, **EXACT_DATA)
     ref = reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, shapes)
     torch.save({"a": prob.a, "b": prob.b, "sfa": prob.sfa, "sfb": prob.sfb,
                 "expected": [r.half() for r in ref], "shapes": [list(s) for s in shapes]}, path)

@@ -106,10 +106,9 @@ def per_call_us(fn: Callable[[], object], batch: int, batches: int,
 def make_args(shapes, device: str, seed: int):
     import torch
 
-    from runtime.nvfp4 import make_grouped_problem
+    from runtime.nvfp4 import EXACT_DATA, make_grouped_problem
 
-    prob = make_grouped_problem(shapes, seed=seed, device=device, values="full",
-                                scale_exp=(0, 6), scale_exp_b=(-6, -3))
+    prob = make_grouped_problem(shapes, seed=seed, device=device, **EXACT_DATA)
     out = [torch.full((m, n), float("nan"), dtype=torch.float16, device=device)
            for m, n, _ in shapes]
     return prob.a, prob.b, prob.sfa, prob.sfb, out

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import runtime  # noqa: E402
 from bench.bench_grouped import SETS  # noqa: E402
-from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm  # noqa: E402
+from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm  # noqa: E402
 
 
 def main() -> int:
@@ -29,8 +29,7 @@ def main() -> int:
     args = ap.parse_args()
     groups = SETS[args.set_name]
     gg = runtime.load(args.artifacts)
-    p = make_grouped_problem(groups, seed=7, device="cuda", values="full",
-                             scale_exp=(0, 6), scale_exp_b=(-6, -3))
+    p = make_grouped_problem(groups, seed=7, device="cuda", **EXACT_DATA)
     out = [torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
     for _ in range(args.iters):
         gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=out)

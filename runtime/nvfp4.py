@@ -449,6 +449,12 @@ class GroupedProblem:
         return reference_grouped_gemm(self.a, self.b, self.sfa, self.sfb, self.shapes)
 
 
+# make_grouped_problem arguments whose every fp32 partial sum is exact (full-range e2m1 values,
+# A scales 2^0..2^6, B scales 2^-6..2^-3): a correct kernel's output then equals
+# fp16(float64 reference) bit for bit, so benchmarks can check the timed outputs exactly.
+EXACT_DATA = {"values": "full", "scale_exp": (0, 6), "scale_exp_b": (-6, -3)}
+
+
 def make_grouped_problem(
     groups: Sequence[tuple[int, int, int]],
     *,

@@ -501,7 +501,7 @@ def dev(monkeypatch: pytest.MonkeyPatch):
     def plan(shapes):
         return device_mod.DevicePlan(make_plan(e, shapes, 132), prepared)
 
-    return types.SimpleNamespace(rt=rt, drv=drv, plan=plan, mod=device_mod)
+    return types.SimpleNamespace(rt=rt, drv=drv, plan=plan, mod=device_mod, prepared=prepared)
 
 
 def slots(raw: bytes) -> tuple[int, int, int, int]:
@@ -743,9 +743,8 @@ def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(0xAB))
     from runtime.device import DevicePlan
 
-    prepared = device_mod_prepared(dev)
     shapes = ((192, 3072, 4096), (320, 3072, 4096))
-    staged = DevicePlan(make_plan(staged_entry(), shapes, 132), prepared)
+    staged = DevicePlan(make_plan(staged_entry(), shapes, 132), dev.prepared)
     ptrs = tuple(range(0x1000, 0x1000 + 10 * 0x100, 0x100))
     dev.rt.launch(staged, ptrs, None)
     dev.rt.launch(dev.plan(shapes), ptrs, None)
@@ -756,7 +755,3 @@ def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     assert ws_plain[0].eq(0xAB).all()  # nothing to zero without a header
     (_, p_staged), (_, p_plain) = dev.drv.launches
     assert slots(p_staged)[1] == ws_staged[2] and slots(p_plain)[1] == ws_plain[2]
-
-
-def device_mod_prepared(dev):
-    return dev.plan(((192, 3072, 4096),)).prepared
