@@ -98,3 +98,70 @@ def test_e4m3_to_fp16_is_exact() -> None:
     # cvt.rn.f16x2.e4m3x2 is exact because fp16 covers e4m3's range and precision.
     for _, v in e4m3_values():
         assert float(torch.tensor([v]).half()) == v
+
+
+# ---------------------------------------------------------------- the weights' shift-form recipe
+
+
+def select_bits(a: int, b: int, mask: int) -> int:
+    """lop3 0xE4: (a & mask) | (b & ~mask)."""
+    return ((a & mask) | (b & ~mask)) & 0xFFFFFFFF
+
+
+def scales_w(scale_lo: float, scale_hi: float) -> int:
+    from kernels.sm90.fp4_bits import W_SCALE_EXP
+
+    pair = (splat(scale_lo) & 0xFFFF) | (splat(scale_hi) & 0xFFFF0000)
+    return mul_f16x2(pair, splat(2.0 ** W_SCALE_EXP))
+
+
+def dequant_word_w(w: int, scales: int, half: int) -> list[int]:
+    """Emulates kernels/sm90/dequant.dequant_word_w instruction by instruction."""
+    from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIR_SELECTORS, W_SIGNS
+
+    signs = w & W_SIGNS
+    even = select_bits((w << 1) & 0xFFFFFFFF, (signs << 4) & 0xFFFFFFFF, W_MAG_BITS)
+    odd = select_bits(w >> 3, signs, W_MAG_BITS)
+    lane = (scales >> (16 * half)) & 0xFFFF
+    scale2 = lane | (lane << 16)
+    return [mul_f16x2(prmt(src, 0, sel), scale2)
+            for src, sel in ((even, W_PAIR_SELECTORS[0]), (odd, W_PAIR_SELECTORS[0]),
+                             (even, W_PAIR_SELECTORS[1]), (odd, W_PAIR_SELECTORS[1]))]
+
+
+def test_shift_form_every_code_at_every_position() -> None:
+    from kernels.sm90.fp4_bits import W_SCALE_EXP
+
+    scales = scales_w(1.0, 1.0)
+    order = [0, 4, 1, 5, 2, 6, 3, 7]  # the same pair order as dequant_word
+    for pos in range(8):
+        for code in range(16):
+            w = code << (4 * pos)
+            vals = [v for word in dequant_word_w(w, scales, 0) for v in f16x2(word)]
+            expect = [E2M1_VALUES[code] * 2.0 ** (W_SCALE_EXP - 14) if order[i] == pos else 0.0
+                      for i in range(8)]
+            assert vals == expect, (pos, code, vals)
+            if code == 8:
+                assert math.copysign(1.0, vals[order.index(pos)]) == -1.0
+
+
+def test_shift_form_times_every_finite_e4m3_scale_is_exact_after_unscaling() -> None:
+    from kernels.sm90.fp4_bits import W_UNSCALE
+
+    other = 3.0  # the half not picked must not leak in
+    for _, scale in e4m3_values():
+        for half in (0, 1):
+            scales = scales_w(scale, other) if half == 0 else scales_w(other, scale)
+            for w, codes in ((0x76543210, (0, 4, 1, 5, 2, 6, 3, 7)),
+                             (0xFEDCBA98, (8, 12, 9, 13, 10, 14, 11, 15))):
+                got = [v * W_UNSCALE for word in dequant_word_w(w, scales, half)
+                       for v in f16x2(word)]
+                assert got == [E2M1_VALUES[c] * scale for c in codes], (scale, half)
+
+
+def test_shift_form_constants() -> None:
+    from kernels.sm90.fp4_bits import W_SCALE_EXP, W_SCALE_F16X2, W_UNSCALE
+
+    assert W_UNSCALE == 2.0 ** (14 - W_SCALE_EXP)
+    assert 448.0 * 2 ** W_SCALE_EXP <= 65504.0  # the largest scaled scale is a finite fp16
+    assert f16x2(W_SCALE_F16X2) == (2.0 ** W_SCALE_EXP, 2.0 ** W_SCALE_EXP)

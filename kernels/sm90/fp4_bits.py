@@ -7,6 +7,23 @@ LUT_HI = 0x46444240
 PAIR_SELECTORS = (0x4808, 0x5818, 0x6828, 0x7838)
 SIGN_BITS = 0x80008000
 
+# The weight recipe (dequant.dequant_word_w), shift form: an e2m1 code s e1 e0 m becomes the fp16
+# high byte s000 e1 e0 m0, i.e. the fp16 value * 2^-14 (exact, subnormal for e = 0). Two LOP3
+# build those bytes for the even codes (n0, n2, n4, n6) and the odd codes of a word, each taking
+# bits 1..3 of each byte from a shifted copy of the word and bit 7 from the sign bits W_SIGNS;
+# a PRMT against zero then places two bytes as one fp16x2 pair.
+W_SIGNS = 0x88888888
+W_MAG_BITS = 0x0E0E0E0E
+W_PAIR_SELECTORS = (0x2404, 0x3414)  # bytes 0, 2 and bytes 1, 3 as the high bytes of a pair
+# The block scale is multiplied by 2^W_SCALE_EXP before the HMUL2 (448 * 2^7 still fits fp16),
+# so a weight leaves the recipe as value * scale * 2^(W_SCALE_EXP - 14); the epilogue multiplies
+# the fp32 accumulator by 2^(14 - W_SCALE_EXP). Every step is a power-of-two scaling of an exact
+# value: value * scale * 2^-7 lies in [2^-17, 21] with at most 6 significant bits, which fp16
+# (subnormals down to 2^-24) holds exactly.
+W_SCALE_EXP = 7
+W_UNSCALE = float(2 ** (14 - W_SCALE_EXP))
+W_SCALE_F16X2 = 0x00010001 * ((15 + W_SCALE_EXP) << 10)  # fp16 2^W_SCALE_EXP in both halves
+
 
 # K order of a 64-K step when B (weights) goes to wgmma in registers (Config.w_regs). Packed
 # word j (8 e2m1, physical K 8j..8j+7) of a row yields output pairs q = 0..3 holding physical K

@@ -53,8 +53,8 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
-from .dequant import dequant_word, scale_pair
-from .fp4_bits import fragment_word, permuted_chunk
+from .dequant import dequant_word, dequant_word_w, scale_pair, scales_w
+from .fp4_bits import W_UNSCALE, fragment_word, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_global,
                   ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4, ld_shared_u16,
                   ld_shared_u32, ld_shared_v2, ld_shared_v4, nanosleep, prmt,
@@ -820,9 +820,9 @@ class Sm90GroupedGemm:
             # column c // 2 and word c + 4 column 2 + c // 2.
             four = ld_shared_u32(scales + s * SCALE_ATOM_BYTES + (row % 32) * 16 + (row // 32) * 4)
             sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
-            s_lo, s_hi = scale_pair(prmt(four, 0, sel))
-            d_lo = dequant_word(lo, s_lo)
-            d_hi = dequant_word(hi, s_hi)
+            both = scales_w(prmt(four, 0, sel))
+            d_lo = dequant_word_w(lo, both, 0)
+            d_hi = dequant_word_w(hi, both, 1)
             for q in cutlass.range_constexpr(4):
                 words[fragment_word(q, half, 0)] = d_lo[q]
                 words[fragment_word(q, half, 1)] = d_hi[q]
@@ -838,7 +838,10 @@ class Sm90GroupedGemm:
             row = row0 + a_row
             col = col0 + b_row
             if row < m and col < n:
-                c[row, col] = Float16(acc[i])
+                if cutlass.const_expr(self.w_regs):
+                    c[row, col] = Float16(acc[i] * Float32(W_UNSCALE))  # see fp4_bits.W_SCALE_EXP
+                else:
+                    c[row, col] = Float16(acc[i])
 
 
 def _check_dsl_arch(arch: str) -> None:

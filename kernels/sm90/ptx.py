@@ -41,6 +41,28 @@ def mul_f16x2(a: Any, b: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
 
 
 @dsl_user_op
+def mul_f16x2_by_half(a: Any, b: Any, half: int, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """a * (half `half` of b in both lanes): ptxas folds the splat into the HMUL2 operand."""
+    pick = "{h, h}" if half else "{l, l}"
+    return _pure_i32(
+        "{\n.reg .b16 l, h;\n.reg .b32 t;\nmov.b32 {l, h}, $2;\nmov.b32 t, " + pick
+        + ";\nmul.rn.f16x2 $0, $1, t;\n}", "=r,r,r", [a, b], loc, ip)
+
+
+@dsl_user_op
+def shl(a: Any, bits: int, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """a << bits, opaque to LLVM (which would rewrite (a & m) << s as (a << s) & m' and so cost
+    a separate mask instruction when `a & m` is needed anyway)."""
+    return _pure_i32(f"shl.b32 $0, $1, {int(bits)};", "=r,r", [a], loc, ip)
+
+
+@dsl_user_op
+def select_bits(a: Any, b: Any, mask: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """(a & mask) | (b & ~mask) in one LOP3."""
+    return _pure_i32("lop3.b32 $0, $1, $2, $3, 0xE4;", "=r,r,r,r", [a, b, mask], loc, ip)
+
+
+@dsl_user_op
 def e4m3x2_to_f16x2(a: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     """The two e4m3 bytes in the low half of `a` to two fp16 (exact; cvt exists from sm_89)."""
     return _pure_i32(
