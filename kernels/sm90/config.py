@@ -11,7 +11,9 @@ N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
 ACC_STAGES = (1,)
 TILE_MS = (64, 128)  # output rows (tokens) per CTA tile
-TILE_NS = (128,)  # output columns (weight rows) per CTA tile
+# Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
+# warpgroups, a_fp16 only) gives the tensor core 1.5x the MMA work per weight conversion step.
+TILE_NS = (128, 192)
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,17 @@ SMEM_LIMIT = 232448
 FP16_BUFFERS, SUB_K = 3, 64
 
 
+def scale_blocks(tile_n: int) -> int:
+    """128-row scale blocks one weight tile's scales span: a 192-row tile starts at row 0 or 64
+    of a block, so it needs two."""
+    return 1 if tile_n <= 128 else 2
+
+
 def smem_bytes(config: Config) -> int:
     """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
     if config.a_fp16:
-        b_stage = config.tile_n * (K_TILE // 2) + 512 * K_TILE // 64
+        b_stage = (config.tile_n * (K_TILE // 2)
+                   + scale_blocks(config.tile_n) * 512 * K_TILE // 64)
         return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * (512 * K_TILE // 64)
@@ -63,6 +72,9 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
     if not isinstance(config.a_fp16, bool):
         reasons.append(f"a_fp16 must be true or false, but got {config.a_fp16!r}")
+    if config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False:
+        reasons.append(f"tile_n {config.tile_n} needs a_fp16: true (only the staged-A kernel "
+                       "has more than two consumer warpgroups)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

@@ -52,7 +52,8 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
                                 subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
-from .config import FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, smem_bytes
+from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, scale_blocks,
+                     smem_bytes)
 from .dequant import dequant_word, dequant_word_w, scale_pair, scales_w
 from .fp4_bits import W_UNSCALE, fragment_word, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_global,
@@ -67,8 +68,12 @@ SUB_STEPS = K_TILE // SUB_K
 SCALE_ATOM_BYTES = 512  # 128 rows x 4 scales (64 K) in the blocked layout
 SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64  # the 128-row block's scales for one K tile
 SCALE_BOX = (256, 2 * K_TILE // 64)  # that block as (256 bytes, 8) for TMA (box dims <= 256)
-THREADS = 384  # warpgroup 0: producer (warp 0 issues TMA); warpgroups 1, 2: consumers
-CONSUMER_THREADS = 256
+# Warpgroup 0: producer (warp 0 issues TMA); one consumer warpgroup per 64 weight rows of the tile.
+WARPGROUP = 128
+# Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
+# producer warpgroup gives up all but PRODUCER_REGS, the consumers take CONSUMER_REGS.
+# 128 * 56 + 384 * 152 = 65536, the whole register file.
+PRODUCER_REGS, CONSUMER_REGS = 56, 152
 # Placeholder extents for the descriptor templates; the kernel patches dims and strides.
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
@@ -100,7 +105,10 @@ class Sm90GroupedGemm:
             raise ValueError("; ".join(reasons))
         self.config = config
         self.tile_m = config.tile_m  # A rows (tokens) per CTA tile = wgmma N
-        self.tile_n = config.tile_n  # B rows (weights) per CTA tile = 2 warpgroups x wgmma M 64
+        self.tile_n = config.tile_n  # B rows (weights) per CTA tile = consumer warpgroups x 64
+        self.consumer_threads = WARPGROUP * (config.tile_n // 64)
+        self.threads = WARPGROUP + self.consumer_threads
+        self.scale_blocks = scale_blocks(config.tile_n)
         self.stages = config.stages
         self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
@@ -142,7 +150,12 @@ class Sm90GroupedGemm:
         else:
             atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
                                                     (tile_m, PACKED_ROW_BYTES))
-        atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
+        if cutlass.const_expr(self.scale_blocks == 1):
+            atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
+        else:
+            sfb_box = (*SCALE_BOX, self.scale_blocks)
+            sfb_smem = cute.make_layout(sfb_box, stride=(1, SCALE_BOX[0], SCALE_STAGE_BYTES))
+            atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, sfb_smem, sfb_box)
         atom_sfa, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
 
         def geometry(atom: Any, shape: tuple, stride: tuple, smem: Any) -> dict:
@@ -192,6 +205,7 @@ class Sm90GroupedGemm:
         if cutlass.const_expr(self.a_fp16):
             a_slots = self.config.a_slots
             a16_elems = cute.cosize(self._a16_layout())
+            sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES
 
             @cute.struct
             class SharedStorageA16:
@@ -200,7 +214,7 @@ class Sm90GroupedGemm:
                 packed_b: cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
                 scale_b: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
+                    cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
                 a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
 
             self.shared_storage = SharedStorageA16
@@ -210,7 +224,7 @@ class Sm90GroupedGemm:
         self.kernel.set_name_prefix(SYMBOL_PREFIX, remove_cutlass_symbol=True,
                                     keep_mangled_name=False)
         self.kernel(*args.values()).launch(
-            grid=(num_ctas, 1, 1), block=(THREADS, 1, 1), cluster=(1, 1, 1),
+            grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), cluster=(1, 1, 1),
             min_blocks_per_mp=1, smem=self.smem_bytes,
         )
 
@@ -307,8 +321,7 @@ class Sm90GroupedGemm:
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
         return sizes, ptrs, prefix, prefix[num_groups]
 
-    @staticmethod
-    def _tma_pipeline(barriers: Any, stages: int, tx_bytes: int) -> Any:
+    def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
         consumer warp (lane 0)."""
         return pipeline.PipelineTmaAsync.create(
@@ -316,7 +329,7 @@ class Sm90GroupedGemm:
             num_stages=stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     CONSUMER_THREADS // 32),
+                                                     self.consumer_threads // 32),
             tx_count=tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -329,7 +342,8 @@ class Sm90GroupedGemm:
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
-                                    self.tile_n * PACKED_ROW_BYTES + SCALE_STAGE_BYTES)
+                                    self.tile_n * PACKED_ROW_BYTES
+                                    + self.scale_blocks * SCALE_STAGE_BYTES)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)
         sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
@@ -346,12 +360,28 @@ class Sm90GroupedGemm:
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
-        if warp_idx == 0:
-            self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                               prefix, ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
-        if warp_idx >= 4:
-            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                               total_tiles, bidx, grid, tidx - 128)
+        if cutlass.const_expr(self.scale_blocks > 1):
+            # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
+            # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
+            # honours it only when each role's code is reachable from its own setmaxnreg alone.
+            if warp_idx < 4:
+                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                if warp_idx == 0:
+                    self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes,
+                                       ptrs, prefix, ws_base + HEADER_BYTES, a16_base,
+                                       total_tiles, bidx, grid)
+            else:
+                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs,
+                                   prefix, total_tiles, bidx, grid, tidx - WARPGROUP)
+        else:
+            if warp_idx == 0:
+                self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                                   prefix, ws_base + HEADER_BYTES, a16_base, total_tiles, bidx,
+                                   grid)
+            if warp_idx >= 4:
+                self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs,
+                                   prefix, total_tiles, bidx, grid, tidx - 128)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -359,47 +389,55 @@ class Sm90GroupedGemm:
         thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
         them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
         lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
-        STAGE_UNROLL chunks per iteration issue their loads before any conversion: the phase
-        is one or two memory round trips per thread, so latency, not bandwidth, sets its time."""
-        stride = grid * THREADS
-        first = bidx * THREADS + tidx
-        offset = Int64(0)
+        The chunks of all groups form one index space (group after group, rows in order, K
+        chunks fastest), so a thread's chunks are spread over the whole call rather than
+        handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
+        conversion, and the phase is one memory round trip per thread for calls of up to
+        STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
+        stride = grid * self.threads
+        total = Int32(0)
         for g in cutlass.range(num_groups, unroll=1):
-            m = sizes[g, tables.COL_M]
-            k = sizes[g, tables.COL_K]
-            chunks_per_row = k // A_CHUNK_K
-            total = m * chunks_per_row
-            a_ptr = ptrs[g, tables.PTR_A]
-            sf_ptr = ptrs[g, tables.PTR_SFA]
-            dst_g = a16_base + offset
-            c = first
-            while c < total:
-                rows, kcs, words, scales = [], [], [], []
-                for u in cutlass.range_constexpr(STAGE_UNROLL):
-                    # Past the end: load the last chunk again (valid memory), store nothing.
-                    cu = cutlass.min(c + u * stride, total - 1)
-                    row = cu // chunks_per_row
-                    kc = cu - row * chunks_per_row
-                    j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
-                    sf_off = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
-                              + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
-                    words.append(ld_global_nc_v4(a_ptr + Int64(row) * Int64(k // 2) + kc * 16))
-                    scales.append(ld_global_nc_u16(sf_ptr + Int64(sf_off)))
-                    rows.append(row)
-                    kcs.append(kc)
-                for u in cutlass.range_constexpr(STAGE_UNROLL):
-                    s0, s1 = scale_pair(scales[u])
-                    outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
-                    kc = kcs[u]
-                    dst = (dst_g + Int64(rows[u]) * Int64(k * 2) + (kc // 2) * (SUB_K * 2)
-                           + (kc % 2) * 64)
-                    if c + u * stride < total:
-                        for q in cutlass.range_constexpr(4):
-                            chunk, _ = permuted_chunk(0, q)
-                            st_global_v4(dst + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
-                                         outs[3][q])
-                c += STAGE_UNROLL * stride
-            offset += Int64(m) * Int64(k * 2)
+            total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
+        # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
+        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
+        # (A_CHUNK_K fp16 = 64 bytes per chunk).
+        group = Int32(-1)
+        first = Int32(0)
+        count = Int32(0)
+        offset = Int64(0)
+        c = bidx * self.threads + tidx
+        while c < total:
+            rows, kcs, ks, dsts, words, scales = [], [], [], [], [], []
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
+                # Past the end: load the last chunk again (valid memory), store nothing.
+                cu = cutlass.min(c + u * stride, total - 1)
+                while cu >= first + count:  # groups of m = 0 have no chunks and are skipped
+                    first += count
+                    offset += Int64(count) * Int64(A_CHUNK_K * 2)
+                    group += 1
+                    count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
+                k = sizes[group, tables.COL_K]
+                chunks_per_row = k // A_CHUNK_K
+                local = cu - first
+                row = local // chunks_per_row
+                kc = local - row * chunks_per_row
+                j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
+                sf_off = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
+                          + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
+                words.append(ld_global_nc_v4(ptrs[group, tables.PTR_A]
+                                             + Int64(row) * Int64(k // 2) + kc * 16))
+                scales.append(ld_global_nc_u16(ptrs[group, tables.PTR_SFA] + Int64(sf_off)))
+                dsts.append(a16_base + offset + Int64(row) * Int64(k * 2)
+                            + (kc // 2) * (SUB_K * 2) + (kc % 2) * 64)
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
+                s0, s1 = scale_pair(scales[u])
+                outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
+                if c + u * stride < total:
+                    for q in cutlass.range_constexpr(4):
+                        chunk, _ = permuted_chunk(0, q)
+                        st_global_v4(dsts[u] + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
+                                     outs[3][q])
+            c += STAGE_UNROLL * stride
         fence_proxy_async_global()
 
     @cute.jit
@@ -463,8 +501,8 @@ class Sm90GroupedGemm:
                 stage = b_state.index
                 tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
                              (kt * PACKED_ROW_BYTES, row_b))
-                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
-                             (0, kt * SCALE_BOX[1], row_b // 128))
+                tma.tma_load(d_sfb, scale_b + stage * (self.scale_blocks * SCALE_STAGE_BYTES),
+                             bar, (0, kt * SCALE_BOX[1], row_b // 128))
                 b_pipe.producer_commit(b_state)
                 b_state.advance()
                 for s in cutlass.range_constexpr(SUB_STEPS):
@@ -518,6 +556,8 @@ class Sm90GroupedGemm:
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
+            scale_row0 = (tile_n_idx * self.tile_n) % 128
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             for kt in cutlass.range(k // K_TILE, unroll=1):
@@ -527,7 +567,7 @@ class Sm90GroupedGemm:
                     self._dequant_b_fragment(
                         words_w[s % 2], ct, s,
                         packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                        scale_b + stage * SCALE_STAGE_BYTES)
+                        scale_b + stage * (self.scale_blocks * SCALE_STAGE_BYTES), scale_row0)
                     if s == SUB_STEPS - 1:
                         b_pipe.consumer_release(b_state)  # the weights are in registers now
                     a_pipe.consumer_wait(a_state)
@@ -684,7 +724,7 @@ class Sm90GroupedGemm:
             thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
         num_kblocks = cute.size(frag_b, mode=[2])
-        step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=CONSUMER_THREADS)
+        step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_threads)
 
         packed_b = storage.packed_b.data_ptr().toint()
         packed_a = storage.packed_a.data_ptr().toint()
@@ -799,7 +839,7 @@ class Sm90GroupedGemm:
 
     @cute.jit
     def _dequant_b_fragment(self, words: cute.Tensor, ct: Int32, s: int, packed: Int32,
-                            scales: Int32) -> None:
+                            scales: Int32, scale_row0: Int32 = 0) -> None:
         """Dequantize sub-step `s` of this thread's B rows straight into its wgmma A fragment.
 
         The fragment of thread (warp w, lane l) holds rows r0 = 16 w + l / 4 (+ 64 per
@@ -818,7 +858,14 @@ class Sm90GroupedGemm:
             hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
             # The row's 4 scales of this 64-K step are one aligned word; word c uses scale
             # column c // 2 and word c + 4 column 2 + c // 2.
-            four = ld_shared_u32(scales + s * SCALE_ATOM_BYTES + (row % 32) * 16 + (row // 32) * 4)
+            if cutlass.const_expr(self.scale_blocks == 1):
+                four = ld_shared_u32(scales + s * SCALE_ATOM_BYTES + (row % 32) * 16
+                                     + (row // 32) * 4)
+            else:
+                # Two blocks of scales per stage; the tile starts scale_row0 rows into the first.
+                sr = row + scale_row0
+                four = ld_shared_u32(scales + (sr // 128) * SCALE_STAGE_BYTES + s * SCALE_ATOM_BYTES
+                                     + (sr % 32) * 16 + ((sr % 128) // 32) * 4)
             sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
             both = scales_w(prmt(four, 0, sel))
             d_lo = dequant_word_w(lo, both, 0)
