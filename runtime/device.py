@@ -317,7 +317,7 @@ class DeviceRuntime:
         if dp.tables is not None:
             return device_tables.upload(image, self.torch_device, stream)
         tables = dp.plan.plan_tables
-        offset = -(-len(tables) // TABLE_ALIGN) * TABLE_ALIGN
+        offset = _aligned(len(tables))
         both = device_tables.upload(tables + bytes(offset - len(tables)) + image,
                                     self.torch_device, stream)
         with dp._lock:
@@ -365,18 +365,36 @@ class DeviceRuntime:
         replay on another stream could overlap)."""
         if check_inputs is not None:
             check_inputs()
-        plan, device = dp.plan, self.torch_device
-        image = pointer_table_bytes(plan, dp.rows(ptrs))
-        ptr_t = device_tables.upload_captured(image, device, stream, self._arena, self.device)
-        tab_t = device_tables.upload_captured(plan.plan_tables, device, stream, self._arena,
-                                              self.device)
-        workspace = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=device)
-        if dp.workspace_header:
-            workspace[:dp.workspace_header].zero_()  # a memset node of the graph
+        plan = dp.plan
+        # One graph allocation [pointer table | plan tables | workspace] and ONE copy node that
+        # writes both tables and the zeroed workspace header: each extra node (a second copy,
+        # a memset) costs microseconds of every replay.
+        image, tables_at, workspace_at = captured_image(
+            pointer_table_bytes(plan, dp.rows(ptrs)), plan.plan_tables, dp.workspace_header)
+        buf = device_tables.upload_captured(image, self.torch_device, stream, self._arena,
+                                            self.device, workspace_at + dp.workspace_bytes)
+        base = buf.data_ptr()
         slot = dp.slot()
-        slot.set(ptr_t.data_ptr(), tab_t.data_ptr(), plan.cta_prefix_offset, workspace.data_ptr())
+        slot.set(base, base + tables_at, plan.cta_prefix_offset, base + workspace_at)
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
         # Graph-owned addresses: the next eager launch must write its own again.
         slot.pointers = slot.tables = slot.workspace = None
-        del ptr_t, tab_t, workspace  # only now may the allocator recycle them (stream-ordered)
+        del buf  # only now may the allocator recycle it (stream-ordered)
+
+
+def captured_image(pointer_table: bytes, plan_tables: bytes,
+                   header: int) -> tuple[bytes, int, int]:
+    """The bytes a captured launch uploads in one copy, and where the plan tables and the
+    workspace start in its allocation: the pointer table, the plan tables and the workspace
+    each begin on a TABLE_ALIGN boundary (the tensormap workspace's alignment), and the image
+    ends with the workspace's `header` bytes, zeroed (a kernel with a grid barrier needs them
+    zero before its first launch; it leaves them zero)."""
+    tables_at = _aligned(len(pointer_table))
+    workspace_at = _aligned(tables_at + len(plan_tables))
+    image = pointer_table.ljust(tables_at, b"\0") + plan_tables
+    return image.ljust(workspace_at + header, b"\0"), tables_at, workspace_at
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // TABLE_ALIGN) * TABLE_ALIGN

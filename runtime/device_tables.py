@@ -134,11 +134,15 @@ class CaptureArena:
 
 
 def upload_captured(image: bytes, device: torch.device, stream: int, arena: CaptureArena,
-                    dev: cuda.Device) -> torch.Tensor:
-    """Upload inside stream capture: the copy becomes a graph node reading `arena` memory."""
+                    dev: cuda.Device, nbytes: int | None = None) -> torch.Tensor:
+    """Upload inside stream capture: the copy becomes a graph node reading `arena` memory.
+    The allocation has `nbytes` (default: the image's size); the image fills its start."""
     from cuda.bindings import driver
 
-    tensor = torch.empty(len(image), dtype=torch.uint8, device=device)  # graph's private pool
+    size = len(image) if nbytes is None else nbytes
+    if size < len(image):
+        raise ValueError(f"nbytes {size} is smaller than the {len(image)}-byte image")
+    tensor = torch.empty(size, dtype=torch.uint8, device=device)  # graph's private pool
     with cuda.current(dev):
         src = arena.store(image)
         cuda.check(driver.cuMemcpyHtoDAsync(tensor.data_ptr(), src, len(image), stream),

@@ -558,9 +558,9 @@ def test_launch_cached_needs_a_validated_pointer_set(dev) -> None:
 def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatch) -> None:
     captured = []
 
-    def upload_captured(image, device, stream, arena, dev_):
-        t = torch.empty(len(image), dtype=torch.uint8)
-        captured.append(t)
+    def upload_captured(image, device, stream, arena, dev_, nbytes=None):
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        captured.append((image, t))
         return t
 
     monkeypatch.setattr(device_tables, "upload_captured", upload_captured)
@@ -575,10 +575,30 @@ def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatc
     assert dev.rt.launch_cached(dp, ptrs) is False  # the hot path never launches in capture
     checks = []
     dev.rt.launch(dp, ptrs, lambda: checks.append(1))
-    pointers, ws, sizes, _ = slots(dev.drv.launches[-1][1])
+    pointers, ws, sizes, prefix = slots(dev.drv.launches[-1][1])
     assert checks == [1]  # inside a capture the pointer checks always run
     assert ws != eager_ws and dev.rt._workspaces[(7, 0)][2] == eager_ws
-    assert (pointers, sizes) == (captured[0].data_ptr(), captured[1].data_ptr())
+    # One graph allocation and one upload: pointer table at 0, the plan tables and the
+    # workspace each on the next 128-byte boundary.
+    [(image, buf)] = captured
+    base = buf.data_ptr()
+    pointer_table = struct.pack("<10q", *dp.rows(ptrs))
+    tables = dp.plan.plan_tables
+    assert (pointers, sizes, prefix) == (base, base + 128, base + 128 + 128)
+    assert ws == base + 128 + -(-len(tables) // 128) * 128
+    assert buf.numel() == ws - base + dp.workspace_bytes
+    assert image[:len(pointer_table)] == pointer_table and image[128:128 + len(tables)] == tables
+    assert len(image) == ws - base  # this kernel has no header: nothing of the workspace
+
+
+def test_captured_image_zeroes_the_workspace_header() -> None:
+    from runtime.device import captured_image
+
+    image, tables_at, workspace_at = captured_image(b"\x11" * 80, b"\x22" * 300, 128)
+    assert (tables_at, workspace_at) == (128, 512)
+    assert image == (b"\x11" * 80 + bytes(48) + b"\x22" * 300 + bytes(84) + bytes(128))
+    image, tables_at, workspace_at = captured_image(b"\x11" * 128, b"\x22" * 256, 0)
+    assert (tables_at, workspace_at, image) == (128, 384, b"\x11" * 128 + b"\x22" * 256)
 
 
 def test_launch_switches_to_the_device_context_and_back(dev) -> None:
