@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 # K elements per pipeline stage: one 128-byte row of packed fp4 per operand row.
 K_TILE = 256
+# Block scales in the blocked layout (facts.md): a 512-byte atom holds 128 rows x 4 scales (64 K);
+# a pipeline stage holds K_TILE // 64 atoms of each 128-row block it covers.
+SCALE_ATOM_BYTES = 512
+SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64
 # C rows are written with 16-byte vectors: n must keep them aligned.
 N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
@@ -48,10 +52,10 @@ def smem_bytes(config: Config) -> int:
     """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
     if config.a_fp16:
         b_stage = (config.tile_n * (K_TILE // 2)
-                   + scale_blocks(config.tile_n) * 512 * K_TILE // 64)
+                   + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES)
         return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
-    scales = config.stages * 2 * (512 * K_TILE // 64)
+    scales = config.stages * 2 * SCALE_STAGE_BYTES
     fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
     # With w_regs the B tile is a 1024-aligned 32-byte placeholder: one more KiB.
     fp16 = FP16_BUFFERS * fp16_rows * SUB_K * 2 + (1024 if config.w_regs else 0)

@@ -52,8 +52,8 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
                                 subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
-from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SUB_K, Config, check, scale_blocks,
-                     smem_bytes)
+from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
+                     Config, check, scale_blocks, smem_bytes)
 from .dequant import dequant_word, dequant_word_w, scale_pair, scales_w
 from .fp4_bits import W_UNSCALE, fragment_word, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_global,
@@ -61,13 +61,13 @@ from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_g
                   ld_shared_u32, ld_shared_v2, ld_shared_v4, nanosleep, prmt,
                   red_add_release_gpu_u32, st_global_v4, st_relaxed_gpu_u32, st_shared_v2,
                   st_shared_v4, trap)
+from .smem_layout import scale_word_offset
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
 PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
 SUB_STEPS = K_TILE // SUB_K
-SCALE_ATOM_BYTES = 512  # 128 rows x 4 scales (64 K) in the blocked layout
-SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64  # the 128-row block's scales for one K tile
-SCALE_BOX = (256, 2 * K_TILE // 64)  # that block as (256 bytes, 8) for TMA (box dims <= 256)
+# One 128-row block's scales of a stage as (256 bytes, 8) for TMA (box dims <= 256).
+SCALE_BOX = (256, 2 * K_TILE // 64)
 # Warpgroup 0: producer (warp 0 issues TMA); one consumer warpgroup per 64 weight rows of the tile.
 WARPGROUP = 128
 # Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
@@ -858,14 +858,8 @@ class Sm90GroupedGemm:
             hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
             # The row's 4 scales of this 64-K step are one aligned word; word c uses scale
             # column c // 2 and word c + 4 column 2 + c // 2.
-            if cutlass.const_expr(self.scale_blocks == 1):
-                four = ld_shared_u32(scales + s * SCALE_ATOM_BYTES + (row % 32) * 16
-                                     + (row // 32) * 4)
-            else:
-                # Two blocks of scales per stage; the tile starts scale_row0 rows into the first.
-                sr = row + scale_row0
-                four = ld_shared_u32(scales + (sr // 128) * SCALE_STAGE_BYTES + s * SCALE_ATOM_BYTES
-                                     + (sr % 32) * 16 + ((sr % 128) // 32) * 4)
+            four = ld_shared_u32(scale_word_offset(row, s, self.scale_blocks, scale_row0,
+                                                   base=scales))
             sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
             both = scales_w(prmt(four, 0, sel))
             d_lo = dequant_word_w(lo, both, 0)
