@@ -11,15 +11,18 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
   phase 2: TMA (packed B fp4 and its scale bytes, per-group descriptors patched in the
            workspace) -> a `stages`-deep mbarrier pipeline; TMA of fp16 A tiles (64 K each)
            -> an `a_slots`-deep ring; one producer warp issues both
-    -> two consumer warpgroups dequantize B (weights) value * scale to fp16 straight into their
-       wgmma register fragments and run RS wgmma m64nNk16 with A from the ring, fp32 accumulate
-    -> epilogue writes C with per-element bounds checks (rows >= m and cols >= n untouched).
+    -> one consumer warpgroup per 64 weight rows of the tile (2 for tile_n 128, 3 for 192, with
+       setmaxnreg moving registers from the producer warpgroup to them) dequantizes B (weights)
+       to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
+       scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
+    -> epilogue scales by 2^7 and writes C with per-element bounds checks (rows >= m and
+       cols >= n untouched).
 v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
 swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
 small problems, where phase 1 and the barrier cost more than the conversions they save.
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
-the wgmma M dimension walks B's rows (128 per CTA tile, 64 per warpgroup) and the wgmma N
+the wgmma M dimension walks B's rows (tile_n per CTA tile, 64 per warpgroup) and the wgmma N
 dimension walks A's rows (`tile_m`, 64 or 128), so a small m wastes at most tile_m - 1 rows.
 
 Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatenated per-group tile
