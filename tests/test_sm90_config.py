@@ -42,8 +42,8 @@ def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
      "warpgroups)"),
     ({"tile_n": 256}, "tile_n must be one of [128, 192], but got 256"),
     ({"tile_n": 192, "a_slots": 9},
-     f"stages 3 with tile_m 128 and a_slots 9 needs 234496 bytes of shared memory, more than "
-     f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots"),
+     f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 234496 bytes of shared memory, "
+     f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n"),
     ({"a_fp16": False, "stages": 5},
      f"stages 5 with tile_m 128 needs 235520 bytes of shared memory, more than the "
      f"{SMEM_LIMIT} a Hopper CTA can use; lower stages"),

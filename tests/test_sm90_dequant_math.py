@@ -117,16 +117,14 @@ def scales_w(scale_lo: float, scale_hi: float) -> int:
 
 def dequant_word_w(w: int, scales: int, half: int) -> list[int]:
     """Emulates kernels/sm90/dequant.dequant_word_w instruction by instruction."""
-    from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIR_SELECTORS, W_SIGNS
+    from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS
 
     signs = w & W_SIGNS
     even = select_bits((w << 1) & 0xFFFFFFFF, (signs << 4) & 0xFFFFFFFF, W_MAG_BITS)
     odd = select_bits(w >> 3, signs, W_MAG_BITS)
     lane = (scales >> (16 * half)) & 0xFFFF
     scale2 = lane | (lane << 16)
-    return [mul_f16x2(prmt(src, 0, sel), scale2)
-            for src, sel in ((even, W_PAIR_SELECTORS[0]), (odd, W_PAIR_SELECTORS[0]),
-                             (even, W_PAIR_SELECTORS[1]), (odd, W_PAIR_SELECTORS[1]))]
+    return [mul_f16x2(prmt((even, odd)[src], 0, sel), scale2) for src, sel in W_PAIRS]
 
 
 def test_shift_form_every_code_at_every_position() -> None:
@@ -162,6 +160,6 @@ def test_shift_form_times_every_finite_e4m3_scale_is_exact_after_unscaling() -> 
 def test_shift_form_constants() -> None:
     from kernels.sm90.fp4_bits import W_SCALE_EXP, W_SCALE_F16X2, W_UNSCALE
 
-    assert W_UNSCALE == 2.0 ** (14 - W_SCALE_EXP)
     assert 448.0 * 2 ** W_SCALE_EXP <= 65504.0  # the largest scaled scale is a finite fp16
+    assert W_UNSCALE * 2.0 ** (W_SCALE_EXP - 14) == 1.0
     assert f16x2(W_SCALE_F16X2) == (2.0 ** W_SCALE_EXP, 2.0 ** W_SCALE_EXP)

@@ -16,7 +16,8 @@ N_MULTIPLE = 8
 ACC_STAGES = (1,)
 TILE_MS = (64, 128)  # output rows (tokens) per CTA tile
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
-# warpgroups, a_fp16 only) gives the tensor core 1.5x the MMA work per weight conversion step.
+# warpgroups, a_fp16 only) runs 1.5x the converting warps at once, each still converting 64 rows
+# for its own m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
 TILE_NS = (128, 192)
 
 
@@ -88,7 +89,9 @@ def check(config: Config) -> list[str]:
     if not reasons and smem_bytes(config) > SMEM_LIMIT:
         reasons.append(
             f"stages {config.stages} with tile_m {config.tile_m}"
+            + (f", tile_n {config.tile_n}" if config.tile_n != 128 else "")
             + (f" and a_slots {config.a_slots}" if config.a_fp16 else "")
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
-            "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else ""))
+            "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
+            + (" or tile_n" if config.tile_n != 128 else ""))
     return reasons

@@ -24,7 +24,7 @@ from typing import Any
 from cutlass import Uint32
 
 from .ptx import e4m3x2_to_f16x2, mul_f16x2, mul_f16x2_by_half, prmt, select_bits, shl
-from .fp4_bits import (LUT_HI, LUT_LO, PAIR_SELECTORS, SIGN_BITS, W_MAG_BITS, W_PAIR_SELECTORS,
+from .fp4_bits import (LUT_HI, LUT_LO, PAIR_SELECTORS, SIGN_BITS, W_MAG_BITS, W_PAIRS,
                        W_SCALE_EXP, W_SCALE_F16X2, W_SIGNS)
 
 
@@ -60,11 +60,9 @@ def dequant_word_w(w: Any, scales: Any, half: int) -> list[Uint32]:
     # Byte j of `even` is the fp16 high byte of n_2j: magnitude from w << 1, sign from bit 8j+3.
     even = select_bits(w << Uint32(1), shl(signs, 4), Uint32(W_MAG_BITS))
     odd = select_bits(w >> Uint32(3), signs, Uint32(W_MAG_BITS))
-    out = []
-    for src, sel in ((even, W_PAIR_SELECTORS[0]), (odd, W_PAIR_SELECTORS[0]),
-                     (even, W_PAIR_SELECTORS[1]), (odd, W_PAIR_SELECTORS[1])):
-        out.append(mul_f16x2_by_half(prmt(src, Uint32(0), Uint32(sel)), scales, half))
-    return out
+    sources = (even, odd)
+    return [mul_f16x2_by_half(prmt(sources[src], Uint32(0), Uint32(sel)), scales, half)
+            for src, sel in W_PAIRS]
 
 
 def scales_w(two_scale_bytes: Any) -> Uint32:

@@ -15,6 +15,10 @@ SIGN_BITS = 0x80008000
 W_SIGNS = 0x88888888
 W_MAG_BITS = 0x0E0E0E0E
 W_PAIR_SELECTORS = (0x2404, 0x3414)  # bytes 0, 2 and bytes 1, 3 as the high bytes of a pair
+# Output pair q (n_q, n_{q+4}) of a word = (source, selector): source 0 holds the even codes
+# (n0, n2, n4, n6 in bytes 0..3), source 1 the odd codes; the same pair order as PAIR_SELECTORS.
+W_PAIRS = ((0, W_PAIR_SELECTORS[0]), (1, W_PAIR_SELECTORS[0]),
+           (0, W_PAIR_SELECTORS[1]), (1, W_PAIR_SELECTORS[1]))
 # The block scale is multiplied by 2^W_SCALE_EXP before the HMUL2 (448 * 2^7 still fits fp16),
 # so a weight leaves the recipe as value * scale * 2^(W_SCALE_EXP - 14); the epilogue multiplies
 # the fp32 accumulator by 2^(14 - W_SCALE_EXP). Every step is a power-of-two scaling of an exact

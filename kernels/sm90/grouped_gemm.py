@@ -77,6 +77,9 @@ WARPGROUP = 128
 # producer warpgroup gives up all but PRODUCER_REGS, the consumers take CONSUMER_REGS.
 # 128 * 56 + 384 * 152 = 65536, the whole register file.
 PRODUCER_REGS, CONSUMER_REGS = 56, 152
+REBALANCED_CONSUMER_WARPGROUPS = 3  # the only consumer count those two numbers are made for
+assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_REGS) \
+    <= 65536 == WARPGROUP * (1 + REBALANCED_CONSUMER_WARPGROUPS) * 128
 # Placeholder extents for the descriptor templates; the kernel patches dims and strides.
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
@@ -174,7 +177,8 @@ class Sm90GroupedGemm:
             args.tma_template("tma_a", atom_a, "a",
                               geometry(atom_a, packed_shape, packed_stride, packed_a_smem))
         args.tma_template("tma_sfb", atom_sfb, "sfb",
-                          geometry(atom_sfb, _PH_SCALE, scale_stride, scale_smem))
+                          geometry(atom_sfb, _PH_SCALE, scale_stride,
+                                   scale_smem if self.scale_blocks == 1 else sfb_smem))
         args.tma_template("tma_sfa", atom_sfa, "sfa",
                           geometry(atom_sfa, _PH_SCALE, scale_stride, scale_smem))
         args.table("problem_sizes", problem_sizes, "problem_sizes")
@@ -363,7 +367,8 @@ class Sm90GroupedGemm:
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
-        if cutlass.const_expr(self.scale_blocks > 1):
+        rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
+        if cutlass.const_expr(rebalance):
             # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
             # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
             # honours it only when each role's code is reachable from its own setmaxnreg alone.
