@@ -8,6 +8,7 @@
 - Dynamic shared memory from the lowered host launcher: the DSL resolves `cute.kernel_smem_size`
   to a constant (InferKernelSmemUsagePass) and stores it in the `cudaLaunchConfig_t` it builds.
 - Block and cluster dims from the PTX `.entry` directives (the parameter list is builder/ptx.py's).
+- Local memory from the cubin (`require_no_stack_frame`): a kernel meant to stay in registers.
 """
 
 from __future__ import annotations
@@ -284,3 +285,15 @@ def lowered_tma_descriptors(compiled: Any) -> list[list[int | None]]:
                 words[int(geps[ptr])] = None if c is None else int(c) & ((1 << 64) - 1)
         descriptors.append([words.get(i, 0) for i in range(16)])
     return descriptors
+
+
+def require_no_stack_frame(cubin: bytes, symbol: str, hint: str) -> None:
+    """IntrospectError when ptxas gave `symbol` a stack frame (local memory: register spills
+    or stack arrays). A warp-specialized kernel whose consumer spills runs correctly but far
+    slower, and nothing else at build time would say so; `hint` names the likely cause."""
+    from runtime.loader import cubin_frame_size
+
+    frame = cubin_frame_size(cubin, symbol)
+    if frame:
+        raise IntrospectError(f"ptxas gave {symbol} a {frame}-byte stack frame (local memory: "
+                              f"register spills or stack arrays); {hint}")

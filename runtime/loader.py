@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def cubin_arch(image: bytes) -> str:
 
 
 _EIATTR_KPARAM_INFO = 0x17
+_EIATTR_FRAME_SIZE = 0x11
 _EIFMT_SVAL = 4  # attribute with a u16 length and a value; the other formats take 4 bytes
 
 
@@ -81,6 +83,60 @@ def _sections(image: bytes) -> dict[str, tuple[int, int, int]]:
         raise ValueError(f"truncated ELF headers ({exc})") from exc
 
 
+def _nv_attributes(data: bytes, where: str) -> Iterator[tuple[int, bytes]]:
+    """(attribute, value) of each valued (EIFMT_SVAL) attribute of a .nv.info section."""
+    at = 0
+    while at + 4 <= len(data):
+        fmt, attr = data[at], data[at + 1]
+        if fmt == _EIFMT_SVAL:
+            (length,) = struct.unpack_from("<H", data, at + 2)
+            value = data[at + 4:at + 4 + length]
+            if len(value) != length:
+                raise ValueError(f"{where}: attribute {attr:#x} runs past the section")
+            at += 4 + length
+            yield attr, value
+        elif fmt in (1, 2, 3):
+            at += 4
+        else:
+            raise ValueError(f"{where}: unknown attribute format {fmt} at byte {at}")
+
+
+def cubin_frame_size(image: bytes, symbol: str) -> int | None:
+    """Bytes of per-thread stack frame ptxas gave kernel `symbol`: local memory for register
+    spills or stack arrays (EIATTR_FRAME_SIZE in the cubin's .nv.info, per symbol-table index).
+    None for an image with no section table (synthetic test cubins); ValueError when the
+    symbol or its attribute is missing."""
+    sections = _sections(image)
+    if not sections:
+        return None
+    index = _symbol_index(image, sections, symbol)
+    info = sections.get(".nv.info")
+    if info is None:
+        raise ValueError("it has no section .nv.info")
+    _, off, size = info
+    for attr, value in _nv_attributes(image[off:off + size], ".nv.info"):
+        if attr == _EIATTR_FRAME_SIZE and len(value) >= 8:
+            sym, frame = struct.unpack_from("<II", value)
+            if sym == index:
+                return frame
+    raise ValueError(f".nv.info has no EIATTR_FRAME_SIZE for {symbol!r}")
+
+
+def _symbol_index(image: bytes, sections: dict[str, tuple[int, int, int]], symbol: str) -> int:
+    """Index of `symbol` in the ELF symbol table (.symtab, names in .strtab)."""
+    if ".symtab" not in sections or ".strtab" not in sections:
+        raise ValueError("it has no symbol table")
+    _, sym_off, sym_size = sections[".symtab"]
+    _, str_off, str_size = sections[".strtab"]
+    name = symbol.encode()
+    for i in range(sym_size // 24):  # Elf64_Sym: u32 name, u8 info, u8 other, u16 shndx, ...
+        (name_off,) = struct.unpack_from("<I", image, sym_off + 24 * i)
+        start = str_off + name_off
+        if image[start:start + len(name) + 1] == name + b"\0" and name_off < str_size:
+            return i
+    raise ValueError(f"its symbol table has no {symbol!r}")
+
+
 def cubin_param_layout(image: bytes, symbol: str) -> list[tuple[int, int]] | None:
     """(offset, size) of each parameter of `symbol`, read from the cubin on the CPU.
 
@@ -102,29 +158,16 @@ def cubin_param_layout(image: bytes, symbol: str) -> list[tuple[int, int]] | Non
     if info is None:
         raise ValueError(f"it has no section .nv.info.{symbol}, so no kernel {symbol!r}")
     _, off, size = info
-    data = image[off:off + size]
     params: dict[int, tuple[int, int]] = {}
-    at = 0
-    while at + 4 <= len(data):
-        fmt, attr = data[at], data[at + 1]
-        if fmt == _EIFMT_SVAL:
-            (length,) = struct.unpack_from("<H", data, at + 2)
-            value = data[at + 4:at + 4 + length]
-            if len(value) != length:
-                raise ValueError(f".nv.info.{symbol}: attribute {attr:#x} runs past the section")
-            at += 4 + length
-            if attr == _EIATTR_KPARAM_INFO:
-                if length < 12:
-                    raise ValueError(f".nv.info.{symbol}: EIATTR_KPARAM_INFO must have 12 "
-                                     f"bytes, but has {length}")
-                _, ordinal, offset, flags = struct.unpack_from("<IHHI", value)
-                if ordinal in params:
-                    raise ValueError(f".nv.info.{symbol}: parameter {ordinal} is listed twice")
-                params[ordinal] = (offset, flags >> 18)
-        elif fmt in (1, 2, 3):
-            at += 4
-        else:
-            raise ValueError(f".nv.info.{symbol}: unknown attribute format {fmt} at byte {at}")
+    for attr, value in _nv_attributes(image[off:off + size], f".nv.info.{symbol}"):
+        if attr == _EIATTR_KPARAM_INFO:
+            if len(value) < 12:
+                raise ValueError(f".nv.info.{symbol}: EIATTR_KPARAM_INFO must have 12 "
+                                 f"bytes, but has {len(value)}")
+            _, ordinal, offset, flags = struct.unpack_from("<IHHI", value)
+            if ordinal in params:
+                raise ValueError(f".nv.info.{symbol}: parameter {ordinal} is listed twice")
+            params[ordinal] = (offset, flags >> 18)
     if sorted(params) != list(range(len(params))):
         raise ValueError(f".nv.info.{symbol}: parameter ordinals {sorted(params)} have gaps")
     return [params[i] for i in range(len(params))]

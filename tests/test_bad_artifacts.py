@@ -32,6 +32,7 @@ from runtime.loader import (
     check_cubin_for_device,
     check_device,
     check_param_layout,
+    cubin_frame_size,
     cubin_param_layout,
     device_offsets,
 )
@@ -394,6 +395,46 @@ def test_cubin_param_layout_is_the_manifest_abi(real_dir: Path) -> None:
         layout = cubin_param_layout((real_dir / e.cubin).read_bytes(), e.symbol)
         assert [size for _, size in layout] == [p.size for p in e.params]
         check_param_layout(e, layout)
+
+
+def _frame_attribute_at(cubin: bytes, symbol: str) -> int:
+    """Byte offset of the frame size value of `symbol`'s EIATTR_FRAME_SIZE record: format 4,
+    attribute 0x11, length 8, then u32 symbol index and u32 bytes (found by the one record
+    whose value reads back through cubin_frame_size when changed)."""
+    import struct
+
+    hits = []
+    at = cubin.find(bytes([4, 0x11, 8, 0]))
+    while at >= 0:
+        hits.append(at + 8)
+        at = cubin.find(bytes([4, 0x11, 8, 0]), at + 1)
+    for value_at in hits:
+        probe = bytearray(cubin)
+        struct.pack_into("<I", probe, value_at, 0x1234)
+        if cubin_frame_size(bytes(probe), symbol) == 0x1234:
+            return value_at
+    raise AssertionError(f"no EIATTR_FRAME_SIZE record of {symbol}")
+
+
+def test_cubin_frame_size_is_read_per_symbol_and_guards_sm90_builds(real_dir: Path) -> None:
+    import struct
+
+    from kernels.introspect import IntrospectError, require_no_stack_frame
+
+    e = kernel(real_dir, "sm_90a")
+    cubin = (real_dir / e.cubin).read_bytes()
+    assert cubin_frame_size(cubin, e.symbol) == 0  # the built sm_90a kernels never spill
+    require_no_stack_frame(cubin, e.symbol, "hint")  # passes
+    spilled = bytearray(cubin)
+    struct.pack_into("<I", spilled, _frame_attribute_at(cubin, e.symbol), 40)
+    assert cubin_frame_size(bytes(spilled), e.symbol) == 40
+    with pytest.raises(IntrospectError) as info:
+        require_no_stack_frame(bytes(spilled), e.symbol, "check setmaxnreg")
+    assert str(info.value) == (f"ptxas gave {e.symbol} a 40-byte stack frame (local memory: "
+                               "register spills or stack arrays); check setmaxnreg")
+    with pytest.raises(ValueError, match="^its symbol table has no 'nope'$"):
+        cubin_frame_size(cubin, "nope")
+    assert cubin_frame_size(b"\x7fELF" + bytes(60), e.symbol) is None  # no section table
 
 
 def _repacked(params: list[dict]) -> list[dict]:
