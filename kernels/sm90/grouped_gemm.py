@@ -65,6 +65,7 @@ from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_g
                   red_add_release_gpu_u32, st_global_v4, st_relaxed_gpu_u32, st_shared_v2,
                   st_shared_v4, trap)
 from .smem_layout import scale_word_offset
+from .staging import A_CHUNK_K, chunk_addresses
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
 PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
@@ -90,7 +91,6 @@ OP_B, OP_A, OP_SFB, OP_SFA = range(4)
 # on its own 64-byte line); the runtime zeroes it once and every launch leaves it zeroed.
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
-A_CHUNK_K = 32  # K elements per staging thread-chunk: 16 packed bytes, 64 fp16 bytes
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
 
 
@@ -415,7 +415,7 @@ class Sm90GroupedGemm:
         offset = Int64(0)
         c = bidx * self.threads + tidx
         while c < total:
-            rows, kcs, ks, dsts, words, scales = [], [], [], [], [], []
+            dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 # Past the end: load the last chunk again (valid memory), store nothing.
                 cu = cutlass.min(c + u * stride, total - 1)
@@ -424,19 +424,13 @@ class Sm90GroupedGemm:
                     offset += Int64(count) * Int64(A_CHUNK_K * 2)
                     group += 1
                     count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
-                k = sizes[group, tables.COL_K]
-                chunks_per_row = k // A_CHUNK_K
-                local = cu - first
-                row = local // chunks_per_row
-                kc = local - row * chunks_per_row
-                j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
-                sf_off = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
-                          + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
-                words.append(ld_global_nc_v4(ptrs[group, tables.PTR_A]
-                                             + Int64(row) * Int64(k // 2) + kc * 16))
-                scales.append(ld_global_nc_u16(ptrs[group, tables.PTR_SFA] + Int64(sf_off)))
-                dsts.append(a16_base + offset + Int64(row) * Int64(k * 2)
-                            + (kc // 2) * (SUB_K * 2) + (kc % 2) * 64)
+                src, sf, dst = chunk_addresses(
+                    cu, first, sizes[group, tables.COL_K],
+                    lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
+                             a16_base + offset), Int64)
+                words.append(ld_global_nc_v4(src))
+                scales.append(ld_global_nc_u16(sf))
+                dsts.append(dst)
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 s0, s1 = scale_pair(scales[u])
                 outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]

@@ -1,0 +1,36 @@
+"""Where phase 1 of a_fp16 kernels reads and writes one chunk of A (no DSL import: CPU tests
+check the same formulas the kernel traces, on Python ints).
+
+A group's A is staged in A_CHUNK_K-element chunks, numbered row-major: k // A_CHUNK_K chunks per
+row. A chunk is 16 packed bytes of A, the 2 scale bytes of its two 16-K blocks (adjacent in the
+blocked layout), and 64 bytes of fp16 output. The output rows are k fp16 long, and each 64-K
+step of a row is one 128-byte TMA box row, holding two chunks: the kernel stores a chunk's four
+16-byte pair vectors in permuted order (fp4_bits.permuted_chunk) inside its own 64 bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import SCALE_ATOM_BYTES, SUB_K
+
+A_CHUNK_K = 32  # K elements per staging chunk: 16 packed bytes in, 64 fp16 bytes out
+
+
+def chunk_addresses(index: Any, first: Any, k: Any, bases: Any,
+                    wide: Any = int) -> tuple[Any, Any, Any]:
+    """(packed A, scale, fp16 output) byte addresses of chunk `index` of the call, the chunk
+    `index - first` of its group, whose K is k.
+    `bases()` gives the group's A pointer, SFA pointer and staging start (called after the
+    index arithmetic, where the kernel has always read them); `wide` makes a 64-bit integer
+    (Int64 in the kernel) of the row terms. Pass `lambda: (0, 0, 0)` for offsets."""
+    chunks_per_row = k // A_CHUNK_K
+    local = index - first
+    row = local // chunks_per_row
+    kc = local - row * chunks_per_row
+    j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
+    sf = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
+          + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
+    a_base, sf_base, dst_base = bases()
+    return (a_base + wide(row) * wide(k // 2) + kc * 16, sf_base + wide(sf),
+            dst_base + wide(row) * wide(k * 2) + (kc // 2) * (SUB_K * 2) + (kc % 2) * 64)

@@ -1,0 +1,38 @@
+"""Phase 1 of the a_fp16 kernels: where each 32-K chunk of A is read and written
+(kernels/sm90/staging.py, the formulas the kernel traces), against independent definitions:
+the packed A bytes tile the row-major fp4 matrix, the scale bytes are the runtime's blocked
+layout (runtime.nvfp4.blocked_scale_offset), and the fp16 outputs tile the staging area with
+every chunk inside its own row and 64-K step."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.sm90.staging import A_CHUNK_K, chunk_addresses
+from runtime.nvfp4 import blocked_scale_offset
+
+BASES = (1 << 40, 1 << 41, 1 << 42)  # A, SFA and staging bases: distinct, far apart
+
+
+@pytest.mark.parametrize("m, k", [(1, 256), (130, 512), (257, 1536), (40, 7168)])
+def test_chunks_tile_their_source_and_output_exactly_once(m: int, k: int) -> None:
+    per_row = k // A_CHUNK_K
+    first = 1000  # the group's first chunk index in the call
+    src_bytes, dst_bytes = set(), set()
+    for local in range(m * per_row):
+        src, sf, dst = chunk_addresses(first + local, first, k, lambda: BASES)
+        row, kc = divmod(local, per_row)
+        src, sf, dst = src - BASES[0], sf - BASES[1], dst - BASES[2]
+        # 16 packed bytes = K elements 32 kc .. 32 kc + 31 of the row
+        assert src == row * (k // 2) + 16 * kc
+        src_bytes.update(range(src, src + 16))
+        # its two 16-K blocks' scales, adjacent in the blocked layout
+        assert sf == blocked_scale_offset(row, 2 * kc, k)
+        assert sf + 1 == blocked_scale_offset(row, 2 * kc + 1, k)
+        # 64 fp16 bytes inside this row's 64-K step (a 128-byte TMA box row), in the half
+        # of it that holds K 32 kc .. 32 kc + 31 once the pairs are permuted back
+        step = row * k * 2 + (kc // 2) * 128
+        assert step <= dst and dst + 64 <= step + 128 and dst == step + 64 * (kc % 2)
+        dst_bytes.update(range(dst, dst + 64))
+    assert src_bytes == set(range(m * k // 2))
+    assert dst_bytes == set(range(m * k * 2))
