@@ -33,7 +33,7 @@ from .dispatch import arch_for_capability
 from .loader import ArtifactStore, LoadedKernel
 from .manifest import KernelEntry
 from .params import PackedParams, pack_params
-from .plan import TABLE_ALIGN, Plan, make_plan, pointer_table_bytes
+from .plan import Plan, make_plan, pack_aligned, pointer_table_bytes
 
 PLAN_CACHE = 1024  # plans per device (dynamic-m calls make one per distinct m vector)
 POINTER_CACHE = 256  # pointer tables per device
@@ -317,9 +317,8 @@ class DeviceRuntime:
         if dp.tables is not None:
             return device_tables.upload(image, self.torch_device, stream)
         tables = dp.plan.plan_tables
-        offset = _aligned(len(tables))
-        both = device_tables.upload(tables + bytes(offset - len(tables)) + image,
-                                    self.torch_device, stream)
+        image_both, (_, offset) = pack_aligned(tables, image)
+        both = device_tables.upload(image_both, self.torch_device, stream)
         with dp._lock:
             if dp.tables is None:
                 dp.tables = device_tables.view(both, 0, len(tables), stream)
@@ -390,11 +389,5 @@ def captured_image(pointer_table: bytes, plan_tables: bytes,
     each begin on a TABLE_ALIGN boundary (the tensormap workspace's alignment), and the image
     ends with the workspace's `header` bytes, zeroed (a kernel with a grid barrier needs them
     zero before its first launch; it leaves them zero)."""
-    tables_at = _aligned(len(pointer_table))
-    workspace_at = _aligned(tables_at + len(plan_tables))
-    image = pointer_table.ljust(tables_at, b"\0") + plan_tables
-    return image.ljust(workspace_at + header, b"\0"), tables_at, workspace_at
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // TABLE_ALIGN) * TABLE_ALIGN
+    image, (_, tables_at, workspace_at) = pack_aligned(pointer_table, plan_tables, bytes(header))
+    return image, tables_at, workspace_at

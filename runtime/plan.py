@@ -30,6 +30,17 @@ _INT_FORMATS = {"int32": "i", "int64": "q"}
 TABLE_ALIGN = 128
 
 
+def pack_aligned(*parts: bytes) -> tuple[bytes, tuple[int, ...]]:
+    """The parts back to back, each starting on a TABLE_ALIGN boundary (zero bytes between),
+    and where each starts: how several device tables share one upload."""
+    image, starts = b"", []
+    for part in parts:
+        image = image.ljust(-(-len(image) // TABLE_ALIGN) * TABLE_ALIGN, b"\0")
+        starts.append(len(image))
+        image += part
+    return image, tuple(starts)
+
+
 def _table(entry: KernelEntry, name: str) -> dict[str, Any]:
     t = entry.tables.get(name)
     if not isinstance(t, dict):
@@ -208,8 +219,7 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         values = [(m, n, k, 1)[i] for m, n, k in shapes for i in idx]
     sizes = struct.pack(f"<{len(values)}{lay.size_format}", *values)
     prefix_bytes = struct.pack(f"<{len(prefix)}{lay.prefix_format}", *prefix)
-    offset = -(-len(sizes) // TABLE_ALIGN) * TABLE_ALIGN
-    combined = sizes + bytes(offset - len(sizes)) + prefix_bytes
+    combined, (_, offset) = pack_aligned(sizes, prefix_bytes)
     return Plan(
         entry=entry,
         shapes=shapes,

@@ -591,6 +591,14 @@ def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatc
     assert len(image) == ws - base  # this kernel has no header: nothing of the workspace
 
 
+def test_pack_aligned_starts_every_part_on_a_table_boundary() -> None:
+    from runtime.plan import pack_aligned
+
+    assert pack_aligned(b"\x01" * 3, b"", b"\x02" * 129, b"\x03") == (
+        b"\x01" * 3 + bytes(125) + b"\x02" * 129 + bytes(127) + b"\x03", (0, 128, 128, 384))
+    assert pack_aligned() == (b"", ())
+
+
 def test_captured_image_zeroes_the_workspace_header() -> None:
     from runtime.device import captured_image
 

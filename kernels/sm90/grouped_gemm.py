@@ -115,6 +115,7 @@ class Sm90GroupedGemm:
         self.consumer_threads = WARPGROUP * (config.tile_n // 64)
         self.threads = WARPGROUP + self.consumer_threads
         self.scale_blocks = scale_blocks(config.tile_n)
+        self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
         self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
@@ -212,7 +213,7 @@ class Sm90GroupedGemm:
         if cutlass.const_expr(self.a_fp16):
             a_slots = self.config.a_slots
             a16_elems = cute.cosize(self._a16_layout())
-            sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES
+            sfb_stage_bytes = self.sfb_stage_bytes
 
             @cute.struct
             class SharedStorageA16:
@@ -349,8 +350,7 @@ class Sm90GroupedGemm:
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
-                                    self.tile_n * PACKED_ROW_BYTES
-                                    + self.scale_blocks * SCALE_STAGE_BYTES)
+                                    self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)
         sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
@@ -367,6 +367,10 @@ class Sm90GroupedGemm:
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
+        # Each role is called from two places below: its arguments, written once.
+        producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                         ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
+        consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
         rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
         if cutlass.const_expr(rebalance):
             # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
@@ -375,21 +379,15 @@ class Sm90GroupedGemm:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
-                    self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes,
-                                       ptrs, prefix, ws_base + HEADER_BYTES, a16_base,
-                                       total_tiles, bidx, grid)
+                    self._producer_a16(*producer_args)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-                self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs,
-                                   prefix, total_tiles, bidx, grid, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                   prefix, ws_base + HEADER_BYTES, a16_base, total_tiles, bidx,
-                                   grid)
+                self._producer_a16(*producer_args)
             if warp_idx >= 4:
-                self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs,
-                                   prefix, total_tiles, bidx, grid, tidx - 128)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -503,7 +501,7 @@ class Sm90GroupedGemm:
                 stage = b_state.index
                 tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
                              (kt * PACKED_ROW_BYTES, row_b))
-                tma.tma_load(d_sfb, scale_b + stage * (self.scale_blocks * SCALE_STAGE_BYTES),
+                tma.tma_load(d_sfb, scale_b + stage * self.sfb_stage_bytes,
                              bar, (0, kt * SCALE_BOX[1], row_b // 128))
                 b_pipe.producer_commit(b_state)
                 b_state.advance()
@@ -569,7 +567,7 @@ class Sm90GroupedGemm:
                     self._dequant_b_fragment(
                         words_w[s % 2], ct, s,
                         packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                        scale_b + stage * (self.scale_blocks * SCALE_STAGE_BYTES), scale_row0)
+                        scale_b + stage * self.sfb_stage_bytes, scale_row0)
                     if s == SUB_STEPS - 1:
                         b_pipe.consumer_release(b_state)  # the weights are in registers now
                     a_pipe.consumer_wait(a_state)
@@ -881,10 +879,8 @@ class Sm90GroupedGemm:
             row = row0 + a_row
             col = col0 + b_row
             if row < m and col < n:
-                if cutlass.const_expr(self.w_regs):
-                    c[row, col] = Float16(acc[i] * Float32(W_UNSCALE))  # see fp4_bits.W_SCALE_EXP
-                else:
-                    c[row, col] = Float16(acc[i])
+                # Register weights leave dequant_word_w scaled by 2^-7 (fp4_bits.W_SCALE_EXP).
+                c[row, col] = Float16(acc[i] * Float32(W_UNSCALE) if self.w_regs else acc[i])
 
 
 def _check_dsl_arch(arch: str) -> None:
