@@ -123,6 +123,12 @@ def edit(directory: Path, name: str, **changes: Any) -> dict:
     return k
 
 
+def recorded_params(directory: Path, name: str) -> list[dict]:
+    """One kernel's parameter records as the manifest JSON holds them."""
+    obj = json.loads((directory / MANIFEST_NAME).read_text())
+    return next(k for k in obj["kernels"] if k["name"] == name)["params"]
+
+
 def write_cubin(directory: Path, e, data: bytes, *, match_manifest: bool) -> None:
     """Replace a cubin; with match_manifest, also its sha256 and size, so that only the
     checks past the hash can notice."""
@@ -445,8 +451,7 @@ def _repacked(params: list[dict]) -> list[dict]:
 
 def test_abi_with_a_parameter_too_many(art: Path) -> None:
     e = kernel(art)
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     extra = {"name": "extra", "kind": "scalar", "value": "num_groups", "offset": 0, "size": 4,
              "align": 4}
     edit(art, e.name, params=_repacked([*params, extra]))
@@ -460,8 +465,7 @@ def test_abi_with_a_parameter_too_many(art: Path) -> None:
 
 def test_abi_with_a_parameter_missing(art: Path) -> None:
     e = kernel(art)
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     edit(art, e.name, params=params[:-1])
     layout = cubin_param_layout((art / e.cubin).read_bytes(), e.symbol)
     off, size = layout[-1]
@@ -474,8 +478,7 @@ def test_abi_with_a_parameter_missing(art: Path) -> None:
 def test_abi_with_a_wrong_size(art: Path) -> None:
     """A scalar recorded where the cubin has an 8-byte pointer (offsets kept consistent)."""
     e = kernel(art)
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     i = next(j for j, p in enumerate(params) if p["size"] == 8)
     params[i] = {"name": params[i]["name"], "kind": "scalar", "value": "num_groups",
                  "offset": 0, "size": 4, "align": 4}
@@ -501,8 +504,7 @@ def test_abi_with_a_wrong_size(art: Path) -> None:
 
 def test_abi_with_an_offset_the_sizes_do_not_explain(art: Path) -> None:
     e = kernel(art)
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     last = params[-1]
     last["offset"] += last["align"]  # still a valid slot, no longer the packing of the sizes
     edit(art, e.name, params=params)
@@ -524,8 +526,7 @@ def test_symbol_not_in_the_cubin(art: Path) -> None:
 
 def test_verify_reports_the_abi_mismatch(art: Path) -> None:
     e = kernel(art)
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     edit(art, e.name, params=params[:-1])
     problems = verify_dir(art)
     assert len(problems) == 1
@@ -548,8 +549,7 @@ def _tamper(art: Path, how: str, arch: str) -> None:
     e = kernel(art, arch)
     other = kernel(art, "sm_100a" if arch == "sm_90a" else "sm_90a")
     data = (art / e.cubin).read_bytes()
-    obj = json.loads((art / MANIFEST_NAME).read_text())
-    params = next(k for k in obj["kernels"] if k["name"] == e.name)["params"]
+    params = recorded_params(art, e.name)
     if how == "altered":
         (art / e.cubin).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     elif how == "truncated":
