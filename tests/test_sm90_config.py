@@ -38,15 +38,8 @@ def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
      f"stages 3 with tile_m 128 and a_slots 12 needs 252928 bytes of shared memory, more than "
      f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots"),
     ({"tile_n": 192, "a_fp16": False},
-     "tile_n 192 needs a_fp16: true or a_helpers: true (the kernel whose consumers also "
-     "convert A has two consumer warpgroups)"),
-    ({"a_helpers": True}, "a_helpers needs a_fp16: false (A is either staged once per call or "
-     "converted per tile, not both)"),
-    ({"a_helpers": True, "a_fp16": False, "w_regs": False},
-     "a_helpers needs w_regs: true (weights in registers, A from shared memory)"),
-    ({"a_helpers": True, "a_fp16": False, "tile_n": 192},
-     f"stages 3 with tile_m 128, tile_n 192 and a_slots 8 needs 273408 bytes of shared memory, "
-     f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n"),
+     "tile_n 192 needs a_fp16: true (only the staged-A kernel has more than two consumer "
+     "warpgroups)"),
     ({"tile_n": 256}, "tile_n must be one of [128, 192], but got 256"),
     ({"tile_n": 192, "a_slots": 9},
      f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 234496 bytes of shared memory, "

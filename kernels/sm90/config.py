@@ -34,12 +34,8 @@ class Config:
     # into a workspace the GEMM phase then loads with TMA: the tile loop converts only weights
     # (otherwise each CTA re-converts its A rows for every weight tile it computes).
     a_fp16: bool = True
-    # fp16 A buffers of 64 K each (with a_fp16 or a_helpers): the ring the wgmma reads from.
+    # fp16 A buffers of 64 K each (with a_fp16): the TMA ring the wgmma reads from.
     a_slots: int = 8
-    # With a_fp16 false: the producer warpgroup's three spare warps convert each tile's packed A
-    # (loaded by TMA with the weights, 4x fewer bytes than fp16 A) into the fp16 ring, so the
-    # consumers convert only weights and the call has no staging phase or grid barrier.
-    a_helpers: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -55,13 +51,10 @@ def scale_blocks(tile_n: int) -> int:
 
 def smem_bytes(config: Config) -> int:
     """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
-    b_stage = config.tile_n * (K_TILE // 2) + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES
-    a_ring = config.a_slots * config.tile_m * SUB_K * 2
     if config.a_fp16:
-        return 1024 + config.stages * b_stage + a_ring
-    if config.a_helpers:
-        a_stage = config.tile_m * (K_TILE // 2) + SCALE_STAGE_BYTES
-        return 1024 + config.stages * (b_stage + a_stage) + a_ring
+        b_stage = (config.tile_n * (K_TILE // 2)
+                   + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES)
+        return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * SCALE_STAGE_BYTES
     fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
@@ -84,30 +77,21 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
     if not isinstance(config.a_fp16, bool):
         reasons.append(f"a_fp16 must be true or false, but got {config.a_fp16!r}")
-    if not isinstance(config.a_helpers, bool):
-        reasons.append(f"a_helpers must be true or false, but got {config.a_helpers!r}")
-    if config.a_helpers is True and config.a_fp16 is True:
-        reasons.append("a_helpers needs a_fp16: false (A is either staged once per call or "
-                       "converted per tile, not both)")
-    if (config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False
-            and config.a_helpers is False):
-        reasons.append(f"tile_n {config.tile_n} needs a_fp16: true or a_helpers: true (the "
-                       "kernel whose consumers also convert A has two consumer warpgroups)")
+    if config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False:
+        reasons.append(f"tile_n {config.tile_n} needs a_fp16: true (only the staged-A kernel "
+                       "has more than two consumer warpgroups)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
-    if config.a_helpers is True and not config.w_regs:
-        reasons.append("a_helpers needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:
         reasons.append(f"stages must be in 2..8, but got {config.stages}")
-    ring = config.a_fp16 or config.a_helpers  # the kernels with an fp16 A ring
     if not reasons and smem_bytes(config) > SMEM_LIMIT:
         reasons.append(
             f"stages {config.stages} with tile_m {config.tile_m}"
             + (f", tile_n {config.tile_n}" if config.tile_n != 128 else "")
-            + (f" and a_slots {config.a_slots}" if ring else "")
+            + (f" and a_slots {config.a_slots}" if config.a_fp16 else "")
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
-            "a Hopper CTA can use; lower stages" + (" or a_slots" if ring else "")
+            "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
             + (" or tile_n" if config.tile_n != 128 else ""))
     return reasons

@@ -92,10 +92,6 @@ OP_B, OP_A, OP_SFB, OP_SFA = range(4)
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
-# a_helpers: warps 1..3 of the producer warpgroup convert A; a unit is 4 packed words (32 K) of
-# one row, written as 4 swizzled 16-byte fp16 chunks.
-HELPER_WARPS = 3
-A_UNIT_WORDS = 4
 
 
 class _Slot:
@@ -123,10 +119,6 @@ class Sm90GroupedGemm:
         self.stages = config.stages
         self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
-        self.a_helpers = config.a_helpers
-        # Register weights leave dequant_word_w scaled by 2^-7 (fp4_bits.W_SCALE_EXP); so does A
-        # when the helper warps convert it with the same recipe. The epilogue undoes both.
-        self.unscale = W_UNSCALE * (W_UNSCALE if config.a_helpers else 1.0)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -234,26 +226,6 @@ class Sm90GroupedGemm:
                 a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
 
             self.shared_storage = SharedStorageA16
-        if cutlass.const_expr(self.a_helpers):
-            a_slots = self.config.a_slots
-            a16_elems = cute.cosize(self._a16_layout())
-            sfb_stage_bytes = self.sfb_stage_bytes
-
-            @cute.struct
-            class SharedStorageHelpers:
-                mbar: cute.struct.MemRange[Int64, stages * 2]
-                mbar_a: cute.struct.MemRange[Int64, a_slots * 2]
-                packed_b: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
-                packed_a: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * tile_m * PACKED_ROW_BYTES], 1024]
-                scale_b: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
-                scale_a: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
-                a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
-
-            self.shared_storage = SharedStorageHelpers
         self.smem_bytes = self.shared_storage.size_in_bytes()
         assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
         self.args = args
@@ -324,10 +296,6 @@ class Sm90GroupedGemm:
         if cutlass.const_expr(self.a_fp16):
             self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
                              workspace, num_groups, tidx, warp_idx, bidx, grid)
-        elif cutlass.const_expr(self.a_helpers):
-            self._kernel_helpers(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes,
-                                 pointers, cta_prefix, workspace, num_groups, tidx, warp_idx,
-                                 bidx, grid)
         else:
             self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
                             cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
@@ -361,16 +329,15 @@ class Sm90GroupedGemm:
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
         return sizes, ptrs, prefix, prefix[num_groups]
 
-    def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int,
-                      extra_warps: int = 0) -> Any:
+    def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
-        consumer warp (lane 0), and once per each of `extra_warps` other reading warps."""
+        consumer warp (lane 0)."""
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers.data_ptr(),
             num_stages=stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(
-                pipeline.Agent.Thread, self.consumer_threads // 32 + extra_warps),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                     self.consumer_threads // 32),
             tx_count=tx_bytes,
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
@@ -421,114 +388,6 @@ class Sm90GroupedGemm:
                 self._producer_a16(*producer_args)
             if warp_idx >= 4:
                 self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
-
-    # ------------------------------------------------------------------ a_helpers (v4)
-    @cute.jit
-    def _kernel_helpers(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                        cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
-        """One TMA stage carries packed weights and packed A with their scales (the v2
-        producer). Warps 1..3 convert the stage's A rows into the fp16 ring, 64 K per slot; the
-        consumers convert only weights and read A from the ring, as in v3. The fp16 A ring is
-        fed from 4x fewer bytes than v3's TMA of staged fp16 A, and there is no staging phase."""
-        b_pipe = self._tma_pipeline(
-            storage.mbar, self.stages,
-            (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + self.sfb_stage_bytes
-            + SCALE_STAGE_BYTES, extra_warps=HELPER_WARPS)
-        # Every helper thread arrives on `full` after its own stores and proxy fence; every
-        # consumer thread arrives on `empty` once the wgmma that read the slot has retired.
-        a_pipe = pipeline.PipelineAsync.create(
-            barrier_storage=storage.mbar_a.data_ptr(),
-            num_stages=self.config.a_slots,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, HELPER_WARPS * 32),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
-                                                     self.consumer_threads),
-        )
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
-        producer_args = (tma_b, tma_a, tma_sfb, tma_sfa, storage, b_pipe, sizes, ptrs, prefix,
-                         workspace, total_tiles, bidx, grid)
-        helper_args = (storage, b_pipe, a_pipe, sizes, prefix, total_tiles, bidx, grid)
-        consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
-        if cutlass.const_expr(self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP):
-            if warp_idx < 4:
-                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
-                if warp_idx == 0:
-                    self._producer(*producer_args)
-                else:
-                    self._helper(*helper_args, tidx - 32)
-            else:
-                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
-        else:
-            if warp_idx == 0:
-                self._producer(*producer_args)
-            if warp_idx >= 1 and warp_idx < 4:
-                self._helper(*helper_args, tidx - 32)
-            if warp_idx >= 4:
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
-
-    @cute.jit
-    def _helper(self, storage, b_pipe, a_pipe, sizes, prefix, total_tiles, bidx, grid,
-                ht) -> None:
-        """Helper thread `ht` (0..95): for every 64-K step of every tile of this CTA, wait for
-        a free fp16 slot, convert its share of the step's A units into it, fence, arrive."""
-        packed_a = storage.packed_a.data_ptr().toint()
-        scale_a = storage.scale_a.data_ptr().toint()
-        a16 = storage.a16.data_ptr().toint()
-        units = self.tile_m * (SUB_K // 8) // A_UNIT_WORDS  # per 64-K step
-        threads = HELPER_WARPS * 32
-        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                               self.config.a_slots)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, _ = self._tile_coords(tile, group, prefix, m)
-            row0_in_block = (tile_m_idx * self.tile_m) % 128
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.consumer_wait(b_state)
-                stage = b_state.index
-                src = packed_a + stage * (self.tile_m * PACKED_ROW_BYTES)
-                sf = scale_a + stage * SCALE_STAGE_BYTES
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    a_pipe.producer_acquire(a_state)
-                    dst = a16 + a_state.index * (self.tile_m * SUB_K * 2)
-                    for i in cutlass.range_constexpr((units + threads - 1) // threads):
-                        u = ht + i * threads
-                        if cutlass.const_expr((i + 1) * threads <= units):
-                            self._convert_a_unit(u, s, src, sf, row0_in_block, dst)
-                        else:
-                            if u < units:
-                                self._convert_a_unit(u, s, src, sf, row0_in_block, dst)
-                    # Generic-proxy stores, read next by wgmma (async proxy).
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    a_pipe.producer_commit(a_state)
-                    a_state.advance()
-                b_pipe.consumer_release(b_state)  # this stage's packed A is converted
-                b_state.advance()
-            tile += grid
-
-    @cute.jit
-    def _convert_a_unit(self, u: Int32, s: int, packed: Int32, scales: Int32,
-                        scale_row0: Int32, dst: Int32) -> None:
-        """A unit u = (row u // 2, words 4 (u % 2) .. +3) of sub-step s: 32 K of one row, with
-        the weights' recipe (value * scale * 2^-7), into the swizzled fp16 slot at `dst` in the
-        K order of _dequant_rows (fp4_bits.permuted_chunk)."""
-        r = u // 2
-        part = u % 2
-        chunk = 2 * s + part
-        w = ld_shared_v4(packed + r * PACKED_ROW_BYTES + ((chunk ^ (r % 8)) * 16))
-        sr = scale_row0 + r
-        # Words 0, 1 use scale column 2 part of this step, words 2, 3 column 2 part + 1: one
-        # aligned 16-bit pair.
-        both = scales_w(ld_shared_u16(scales + s * SCALE_ATOM_BYTES + (sr % 32) * 16
-                                      + (sr // 32) * 4 + 2 * part))
-        outs = [dequant_word_w(w[i], both, i // 2) for i in range(A_UNIT_WORDS)]
-        for q in cutlass.range_constexpr(4):
-            out_chunk, _ = permuted_chunk(A_UNIT_WORDS * part, q)  # byte 0: whole chunks
-            st_shared_v4(dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16),
-                         outs[0][q], outs[1][q], outs[2][q], outs[3][q])
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -789,7 +648,7 @@ class Sm90GroupedGemm:
                              (col, row_b))
                 tma.tma_load(d_a, packed_a + stage * (self.tile_m * PACKED_ROW_BYTES), bar,
                              (col, row_a))
-                tma.tma_load(d_sfb, scale_b + stage * self.sfb_stage_bytes, bar,
+                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
                              (0, kt * SCALE_BOX[1], row_b // 128))
                 tma.tma_load(d_sfa, scale_a + stage * SCALE_STAGE_BYTES, bar,
                              (0, kt * SCALE_BOX[1], row_a // 128))
@@ -1020,7 +879,8 @@ class Sm90GroupedGemm:
             row = row0 + a_row
             col = col0 + b_row
             if row < m and col < n:
-                c[row, col] = Float16(acc[i] * Float32(self.unscale) if self.w_regs else acc[i])
+                # Register weights leave dequant_word_w scaled by 2^-7 (fp4_bits.W_SCALE_EXP).
+                c[row, col] = Float16(acc[i] * Float32(W_UNSCALE) if self.w_regs else acc[i])
 
 
 def _check_dsl_arch(arch: str) -> None:
