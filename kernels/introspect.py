@@ -9,6 +9,8 @@
   to a constant (InferKernelSmemUsagePass) and stores it in the `cudaLaunchConfig_t` it builds.
 - Block and cluster dims from the PTX `.entry` directives (the parameter list is builder/ptx.py's).
 - Local memory from the cubin (`require_no_stack_frame`): a kernel meant to stay in registers.
+- Serialized wgmma from the SASS (`require_async_wgmma`, nvdisasm): a kernel whose wgmma ptxas
+  made synchronous for lack of registers.
 """
 
 from __future__ import annotations
@@ -297,3 +299,53 @@ def require_no_stack_frame(cubin: bytes, symbol: str, hint: str) -> None:
     if frame:
         raise IntrospectError(f"ptxas gave {symbol} a {frame}-byte stack frame (local memory: "
                               f"register spills or stack arrays); {hint}")
+
+
+def wgmma_serialized(sass: str) -> bool:
+    """Whether ptxas serialized a kernel's wgmma (its "C7512 ... serialized due to insufficient
+    register resources"): then every HGMMA waits on its own scoreboard (carries `gsb0`), while
+    an asynchronous commit group of k-blocks carries it on its last HGMMA only."""
+    hgmma = re.findall(r"HGMMA\.[^;]*;", sass)
+    return bool(hgmma) and all("gsb0" in op for op in hgmma)
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm on PATH, else from the nvidia-cuda-nvdisasm wheel (the `build` extra has it)."""
+    import glob
+    import importlib.util
+    import os
+    import shutil
+
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        hits = sorted(glob.glob(os.path.join(root, "*", "bin", "nvdisasm")))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def require_async_wgmma(cubin: bytes, symbol: str, hint: str) -> None:
+    """IntrospectError when ptxas serialized `symbol`'s wgmma. Such a kernel is correct but
+    loses the overlap of MMA with everything else (25% on the H200 when it happened), and
+    ptxas only says so in an info line the DSL does not show."""
+    import subprocess
+    import tempfile
+
+    tool = nvdisasm_path()
+    if tool is None:
+        raise IntrospectError("nvdisasm not found: install nvidia-cuda-nvdisasm (the build "
+                              "extra has it) to check sm_90a kernels for serialized wgmma")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        # The module holds this one kernel (compile_kernel checks), so its whole code is it.
+        proc = subprocess.run([tool, "-c", f.name], capture_output=True, text=True,
+                              timeout=300, check=False)
+    if proc.returncode != 0:
+        raise IntrospectError(f"nvdisasm failed on {symbol}: {proc.stderr.strip()[:300]}")
+    if wgmma_serialized(proc.stdout):
+        raise IntrospectError(f"ptxas serialized every wgmma of {symbol} (insufficient "
+                              f"registers); {hint}")

@@ -593,3 +593,29 @@ def test_intact_copy_preloads_and_other_arch_is_refused_on_gpu(art: Path) -> Non
         gg.store.kernel(other, rt.device)
     assert str(info.value).startswith(f"kernel {other.name!r} is built for {other.arch}, "
                                       "which needs compute capability ")
+
+
+def test_serialized_wgmma_is_recognized_in_sass() -> None:
+    from kernels.introspect import wgmma_serialized
+
+    group = ("HGMMA.64x128x16.F32 R24, R88, gdesc[UR16], R24 ;\n"
+             "HGMMA.64x128x16.F32 R24, R92, gdesc[UR16], R24, gsb0 ;\n"
+             "WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\n")
+    # What ptxas emits after "C7512 ... serialized due to insufficient register resources".
+    serial = ("HGMMA.64x128x16.F32 R24, R88, gdesc[UR16], R24, gsb0 ;\n"
+              "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n") * 2
+    assert not wgmma_serialized(group)
+    assert wgmma_serialized(serial)
+    assert not wgmma_serialized(group + serial)  # one asynchronous group is enough
+    assert not wgmma_serialized("IMAD R1, R2, R3, RZ ;")  # no wgmma at all
+
+
+def test_built_sm90_kernels_keep_wgmma_asynchronous(real_dir: Path) -> None:
+    from kernels.introspect import IntrospectError, nvdisasm_path, require_async_wgmma
+
+    if nvdisasm_path() is None:
+        pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm)")
+    e = kernel(real_dir, "sm_90a")
+    require_async_wgmma((real_dir / e.cubin).read_bytes(), e.symbol, "hint")  # passes
+    with pytest.raises(IntrospectError, match=f"^nvdisasm failed on {e.symbol}: "):
+        require_async_wgmma(b"\x7fELF" + bytes(60), e.symbol, "hint")

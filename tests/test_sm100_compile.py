@@ -8,18 +8,17 @@ load are computed from the run-time tile index, and the SASS holds the tcgen05 i
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from kernels.introspect import nvdisasm_path
 from runtime.manifest import pack_offsets
 
 pytestmark = [
@@ -289,20 +288,8 @@ def test_per_group_patch_matches_the_sf_geometry(built):
             assert defs[stride0] == [f"mov.b64 {stride0}, 512"], defs.get(stride0)
 
 
-def _nvdisasm() -> str | None:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        hits = sorted(glob.glob(os.path.join(root, "*", "bin", "nvdisasm")))
-        if hits:
-            return hits[-1]
-    return None
-
-
 def test_sass_has_tcgen05_instructions(built):
-    tool = _nvdisasm()
+    tool = nvdisasm_path()
     if tool is None:
         pytest.skip("nvdisasm not found (pip install nvidia-cuda-nvdisasm to run this check)")
     for k in _kernels(built):

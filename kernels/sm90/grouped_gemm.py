@@ -52,7 +52,8 @@ from cutlass.tensor_utils import LayoutEnum
 from kernels import tables
 from kernels.abi import CompiledKernel, KernelArgs
 from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
-                                require_no_stack_frame, subbyte_tma_geometry, tma_swizzle)
+                                require_async_wgmma, require_no_stack_frame,
+                                subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
@@ -915,6 +916,7 @@ def compile_kernel(config: Config, *, arch: str,
     require_no_stack_frame(cubin, symbols[0],
                            "every role should fit its registers: check ptxas did not ignore "
                            "setmaxnreg ('ignored to maintain minimum register requirements')")
+    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
     # Record what the DSL's own launcher would use, and check it against the kernel's own view.
     launch = lowered_launch(compiled)
     block = ptx_reqntid(ptx, symbols[0])
