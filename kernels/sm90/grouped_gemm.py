@@ -93,10 +93,6 @@ OP_B, OP_A, OP_SFB, OP_SFA = range(4)
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
-# v3 tiles run wgmma N in multiples of this (Sm90GroupedGemm._n_variants). Not finer: with
-# three or more N variants in one kernel ptxas serializes every wgmma for lack of registers
-# (C7512), which cost 25% on bench_large on the H200.
-N_GRAIN = 64
 
 
 class _Slot:
@@ -241,26 +237,13 @@ class Sm90GroupedGemm:
             min_blocks_per_mp=1, smem=self.smem_bytes,
         )
 
-    def _tiled_mma(self, n: int | None = None) -> cute.TiledMma:
-        # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows (tile_m unless `n`).
+    def _tiled_mma(self) -> cute.TiledMma:
+        # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
         source = warpgroup.OperandSource.RMEM if self.w_regs else warpgroup.OperandSource.SMEM
         return sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_n // 64, 1, 1), tiler_mn=(64, n or self.tile_m), a_source=source,
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m), a_source=source,
         )
-
-    def _n_variants(self) -> tuple[int, ...]:
-        """wgmma N widths a v3 tile may run at: the smallest one covering the tile's valid A
-        rows is used, so a group's last, partly filled m-tile spends no MMA on padding rows."""
-        return tuple(range(N_GRAIN, self.tile_m + 1, N_GRAIN))
-
-    def _a16_rows(self, n: int) -> Any:
-        """The fp16 A ring (_a16_layout) restricted to its first `n` rows: same slot stride,
-        same 128B swizzle, so a narrower wgmma reads the rows it needs in place."""
-        full = self._a16_layout()
-        return cute.make_layout(((8, n // 8), (SUB_K, 1), (1, self.config.a_slots)),
-                                stride=((SUB_K, 8 * SUB_K), (1, 0), (0, self.tile_m * SUB_K))), \
-            full.inner
 
     def _fp16_layouts(self) -> tuple[Any, Any]:
         """K-major 128B-swizzled fp16 tiles (B rows, A rows) x 64 K, FP16_BUFFERS deep."""
@@ -400,12 +383,12 @@ class Sm90GroupedGemm:
                     self._producer_a16(*producer_args)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-                self._consumer_a16(*consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
                 self._producer_a16(*producer_args)
             if warp_idx >= 4:
-                self._consumer_a16(*consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -549,18 +532,22 @@ class Sm90GroupedGemm:
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     @cute.jit
-    def _consumer_a16(self, storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx,
-                      grid, ct) -> None:
-        variants = self._n_variants()
-        mmas = [self._tiled_mma(nv) for nv in variants]
-        frags_a = []
-        for nv, mma in zip(variants, mmas):
-            outer, swizzle = self._a16_rows(nv)
-            a16 = storage.a16.get_tensor(outer, swizzle=swizzle)
-            frags_a.append(mma.make_fragment_B(mma.get_slice(ct).partition_B(a16)))
-        # The weights' register fragments do not depend on N: one pair serves every variant.
-        frag_w = [mmas[-1].make_fragment_A(
-            mmas[-1].get_slice(ct).partition_shape_A((self.tile_n, SUB_K))) for _ in range(2)]
+    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                      total_tiles, bidx, grid, ct) -> None:
+        a16_layout = self._a16_layout()
+        a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
+        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                  for _ in range(2)]
+        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        num_kblocks = cute.size(frag_w[0], mode=[2])
+        packed_b = storage.packed_b.data_ptr().toint()
+        scale_b = storage.scale_b.data_ptr().toint()
+
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                self.config.a_slots)
@@ -570,65 +557,43 @@ class Sm90GroupedGemm:
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            row0 = tile_m_idx * self.tile_m
-            variant = (cutlass.min(m - row0, self.tile_m) - 1) // N_GRAIN
-            for v in cutlass.range_constexpr(len(variants)):
-                if variant == v:
-                    b_state, a_state, prev_slot = self._tile_a16(
-                        mmas[v], frags_a[v], frag_w, storage, b_pipe, a_pipe, b_state, a_state,
-                        prev_slot, ptrs[group, tables.PTR_C], m, n, k, row0,
-                        tile_n_idx * self.tile_n, ct, variants[v])
-            tile += grid
-
-    @cute.jit
-    def _tile_a16(self, tiled_mma, frag_a, frag_w, storage, b_pipe, a_pipe, b_state, a_state,
-                  prev_slot, c_address, m, n, k, row0, col0, ct, n_rows: int):
-        """One v3 tile at wgmma N = n_rows (tiled_mma's): the K loop, then the epilogue.
-        Returns the pipeline positions the next tile continues from."""
-        thr_mma = tiled_mma.get_slice(ct)
-        tile_cols = self.tile_n
-        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((tile_cols, n_rows)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((tile_cols, n_rows)))
-        num_kblocks = cute.size(frag_w[0], mode=[2])
-        packed_b = storage.packed_b.data_ptr().toint()
-        scale_b = storage.scale_b.data_ptr().toint()
-        # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
-        scale_row0 = col0 % 128
-        acc.fill(0.0)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        for kt in cutlass.range(k // K_TILE, unroll=1):
-            b_pipe.consumer_wait(b_state)
-            stage = b_state.index
-            for s in cutlass.range_constexpr(SUB_STEPS):
-                self._dequant_b_fragment(
-                    words_w[s % 2], ct, s,
-                    packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                    scale_b + stage * self.sfb_stage_bytes, scale_row0)
-                if s == SUB_STEPS - 1:
-                    b_pipe.consumer_release(b_state)  # the weights are in registers now
-                a_pipe.consumer_wait(a_state)
-                slot = a_state.index
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(num_kblocks):
-                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                              frag_a[None, None, kb, slot], acc)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                # The previous step's wgmma has retired: its A slot may be refilled. (The
-                # first step of a tile has none: the tile end released it.)
-                if cutlass.const_expr(s > 0):
-                    a_pipe.consumer_release(_Slot(prev_slot))
-                else:
-                    if kt > 0:
+            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
+            scale_row0 = (tile_n_idx * self.tile_n) % 128
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.consumer_wait(b_state)
+                stage = b_state.index
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    self._dequant_b_fragment(
+                        words_w[s % 2], ct, s,
+                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                        scale_b + stage * self.sfb_stage_bytes, scale_row0)
+                    if s == SUB_STEPS - 1:
+                        b_pipe.consumer_release(b_state)  # the weights are in registers now
+                    a_pipe.consumer_wait(a_state)
+                    slot = a_state.index
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
+                                  frag_a[None, None, kb, slot], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    # The previous step's wgmma has retired: its A slot may be refilled. (The
+                    # first step of a tile has none: the tile end released it.)
+                    if cutlass.const_expr(s > 0):
                         a_pipe.consumer_release(_Slot(prev_slot))
-                prev_slot = slot
-                a_state.advance()
-            b_state.advance()
-        warpgroup.wait_group(0)
-        a_pipe.consumer_release(_Slot(prev_slot))
-        self._store_tile(acc, coords, c_address, m, n, row0, col0)
-        return b_state, a_state, prev_slot
+                    else:
+                        if kt > 0:
+                            a_pipe.consumer_release(_Slot(prev_slot))
+                    prev_slot = slot
+                    a_state.advance()
+                b_state.advance()
+            warpgroup.wait_group(0)
+            a_pipe.consumer_release(_Slot(prev_slot))
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
 
     @cute.jit
     def _group_of(self, tile: Int32, group: Int32, prefix: cute.Tensor, sizes: cute.Tensor):
@@ -951,7 +916,7 @@ def compile_kernel(config: Config, *, arch: str,
     require_no_stack_frame(cubin, symbols[0],
                            "every role should fit its registers: check ptxas did not ignore "
                            "setmaxnreg ('ignored to maintain minimum register requirements')")
-    require_async_wgmma(cubin, symbols[0], "fewer wgmma N variants or accumulators per thread")
+    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
     # Record what the DSL's own launcher would use, and check it against the kernel's own view.
     launch = lowered_launch(compiled)
     block = ptx_reqntid(ptx, symbols[0])
