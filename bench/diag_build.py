@@ -75,10 +75,10 @@ _CONSUMER_SYNC = [
 ]
 VARIANTS: dict[str, list[tuple[str, str]]] = {
     "noconv": [
-        ('''            d_lo = dequant_word_w(lo, both, 0)
-            d_hi = dequant_word_w(hi, both, 1)''',
-         '''            d_lo = [lo ^ both, lo, lo, lo]
-            d_hi = [hi ^ both, hi, hi, hi]'''),
+        ('''        d_lo = dequant_word_w(lo, both, 0)
+        d_hi = dequant_word_w(hi, both, 1)''',
+         '''        d_lo = [lo ^ both, lo, lo, lo]
+        d_hi = [hi ^ both, hi, hi, hi]'''),
     ],
     "nomma": _NOMMA + [_NO_GUARD],
     "half_a": [
@@ -111,11 +111,11 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
                 self._patch_descriptors_a16('''),
     ] + _CONSUMER_SYNC,
     "sync_only": [
-        ('''                    self._dequant_b_fragment(
-                        words_w[s % 2], ct, s,
-                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                        scale_b + stage * self.sfb_stage_bytes, scale_row0)
-''', ""),
+        ('''                        self._dequant_b_fragment(
+                            words_w[s % 2], ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
+''', "                        pass\n"),
         ('''                    for kb in cutlass.range_constexpr(num_kblocks):
                         cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
                                   frag_a[None, None, kb, slot], acc)

@@ -10,7 +10,8 @@ from kernels.sm90.config import SMEM_LIMIT, Config, check, scale_blocks, smem_by
 
 def test_default_is_v3_and_fits() -> None:
     c = Config()
-    assert (c.a_fp16, c.w_regs, c.tile_m, c.stages, c.a_slots) == (True, True, 128, 3, 8)
+    assert (c.a_fp16, c.w_regs, c.tile_m, c.stages, c.a_slots, c.w_prefetch) == (
+        True, True, 128, 3, 8, False)
     assert check(c) == []
     # barriers 1 KiB + 3 x (16 KiB packed B + 2 KiB scales) + 8 x (128 rows x 64 K fp16)
     assert smem_bytes(c) == 1024 + 3 * 18432 + 8 * 16384 == 187392
@@ -34,6 +35,9 @@ def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
      "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
     ({"a_fp16": 1}, "a_fp16 must be true or false, but got 1"),
+    ({"w_prefetch": "yes"}, "w_prefetch must be true or false, but got 'yes'"),
+    ({"w_prefetch": True, "a_fp16": False},
+     "w_prefetch needs a_fp16: true (only the staged-A kernel has it)"),
     ({"a_slots": 12},
      f"stages 3 with tile_m 128 and a_slots 12 needs 252928 bytes of shared memory, more than "
      f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots"),

@@ -36,6 +36,10 @@ class Config:
     a_fp16: bool = True
     # fp16 A buffers of 64 K each (with a_fp16): the TMA ring the wgmma reads from.
     a_slots: int = 8
+    # With a_fp16: load each 64-K step's weight words from shared memory one step early, before
+    # the previous step's waits and wgmma issue, instead of at the head of the step's
+    # conversion chain. Not yet measured on a GPU (bench/RESULTS.md, 2026-11-30, "Next").
+    w_prefetch: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -80,6 +84,10 @@ def check(config: Config) -> list[str]:
     if config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False:
         reasons.append(f"tile_n {config.tile_n} needs a_fp16: true (only the staged-A kernel "
                        "has more than two consumer warpgroups)")
+    if not isinstance(config.w_prefetch, bool):
+        reasons.append(f"w_prefetch must be true or false, but got {config.w_prefetch!r}")
+    if config.w_prefetch is True and config.a_fp16 is False:
+        reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

@@ -564,11 +564,25 @@ class Sm90GroupedGemm:
             for kt in cutlass.range(k // K_TILE, unroll=1):
                 b_pipe.consumer_wait(b_state)
                 stage = b_state.index
+                if cutlass.const_expr(self.config.w_prefetch):
+                    stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+                    stage_s = scale_b + stage * self.sfb_stage_bytes
+                    loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
+                              for h in range(2)]
                 for s in cutlass.range_constexpr(SUB_STEPS):
-                    self._dequant_b_fragment(
-                        words_w[s % 2], ct, s,
-                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                        scale_b + stage * self.sfb_stage_bytes, scale_row0)
+                    if cutlass.const_expr(self.config.w_prefetch):
+                        for h in cutlass.range_constexpr(2):
+                            self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
+                        if cutlass.const_expr(s + 1 < SUB_STEPS):
+                            # The next step's shared-memory words, issued before this step's
+                            # waits and wgmma so their latency is off the next step's chain.
+                            loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
+                                                        scale_row0) for h in range(2)]
+                    else:
+                        self._dequant_b_fragment(
+                            words_w[s % 2], ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
                     if s == SUB_STEPS - 1:
                         b_pipe.consumer_release(b_state)  # the weights are in registers now
                     a_pipe.consumer_wait(a_state)
@@ -849,25 +863,38 @@ class Sm90GroupedGemm:
         ours to choose (both operands follow it): packed word c of a row (8 e2m1) feeds blocks
         0 and 1 of thread c, word c + 4 blocks 2 and 3, so each thread reads 2 words per row.
         """
+        for half in cutlass.range_constexpr(2):
+            self._convert_b_half(words, ct, half,
+                                 self._load_b_half(ct, s, half, packed, scales, scale_row0))
+
+    @cute.jit
+    def _load_b_half(self, ct: Int32, s: int, half: int, packed: Int32, scales: Int32,
+                     scale_row0: Int32) -> tuple:
+        """The shared-memory words of row r0 + 8 half for sub-step `s` (_dequant_b_fragment):
+        its packed words c and c + 4, and its 4 scales of the step."""
         t = ct % 128
         c = t % 4
-        r0 = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4
-        for half in cutlass.range_constexpr(2):
-            row = r0 + 8 * half
-            base = packed + row * PACKED_ROW_BYTES
-            lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
-            hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
-            # The row's 4 scales of this 64-K step are one aligned word; word c uses scale
-            # column c // 2 and word c + 4 column 2 + c // 2.
-            four = ld_shared_u32(scale_word_offset(row, s, self.scale_blocks, scale_row0,
-                                                   base=scales))
-            sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
-            both = scales_w(prmt(four, 0, sel))
-            d_lo = dequant_word_w(lo, both, 0)
-            d_hi = dequant_word_w(hi, both, 1)
-            for q in cutlass.range_constexpr(4):
-                words[fragment_word(q, half, 0)] = d_lo[q]
-                words[fragment_word(q, half, 1)] = d_hi[q]
+        row = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4 + 8 * half
+        base = packed + row * PACKED_ROW_BYTES
+        lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
+        hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
+        four = ld_shared_u32(scale_word_offset(row, s, self.scale_blocks, scale_row0,
+                                               base=scales))
+        return lo, hi, four
+
+    @cute.jit
+    def _convert_b_half(self, words: cute.Tensor, ct: Int32, half: int, loaded: tuple) -> None:
+        """Convert one row's loaded words (_load_b_half) into its fragment slots."""
+        lo, hi, four = loaded
+        c = (ct % 128) % 4
+        # Word c uses scale column c // 2 and word c + 4 column 2 + c // 2.
+        sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
+        both = scales_w(prmt(four, 0, sel))
+        d_lo = dequant_word_w(lo, both, 0)
+        d_hi = dequant_word_w(hi, both, 1)
+        for q in cutlass.range_constexpr(4):
+            words[fragment_word(q, half, 0)] = d_lo[q]
+            words[fragment_word(q, half, 1)] = d_hi[q]
 
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,
