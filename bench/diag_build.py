@@ -5,8 +5,8 @@ bench run shows what that part costs. Their results are WRONG by design; never s
     # then on the GPU: python bench/bench_grouped.py --artifacts DIR --no-baselines
 
 The repository's tracked files are copied to a scratch directory, the variant's edits are
-applied to kernels/sm90/grouped_gemm.py there (each edit must match exactly once, so a kernel
-change that moves the code makes this fail loudly instead of building something else), and
+applied to the kernel's files under kernels/sm90 there (each edit must match exactly once, so a
+kernel change that moves the code makes this fail loudly instead of building something else), and
 build_kernels.py runs in that copy. Variants (bench/RESULTS.md, 2026-11-30, has runs of the
 first three):
   noconv        weight words go to the wgmma fragments unconverted (loads kept)
@@ -25,21 +25,23 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNEL = Path("kernels/sm90/grouped_gemm.py")
+SM90 = Path("kernels/sm90")
+MAIN, STAGED, WEIGHTS = "grouped_gemm.py", "staged.py", "weights.py"
 
-# The build guard must not reject a diagnostic build: nomma and sync_only leave only empty
-# wgmma commit groups, which look serialized.
-_NO_GUARD = ('    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")',
-             "")
+# Edits are (file under kernels/sm90, old text, new text). The build guard must not reject a
+# diagnostic build: nomma and sync_only leave only empty wgmma commit groups, which look
+# serialized.
+_NO_GUARD = (MAIN, ('    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments '
+                    'per thread")\n'), "")
 _NOMMA = [
-    ('''                    warpgroup.fence()
+    (STAGED, '''                    warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kblocks):
                         cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
                                   frag_a[None, None, kb, slot], acc)''',
      '''                    warpgroup.fence()
                     for i in cutlass.range_constexpr(cute.size(words_w[s % 2])):
                         sink = sink ^ words_w[s % 2][i]'''),
-    ('''        prev_slot = Int32(0)
+    (STAGED, '''        prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
         while tile < total_tiles:
@@ -54,40 +56,41 @@ _NOMMA = [
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             # The tile's first weight row'''),
-    ('''            a_pipe.consumer_release(_Slot(prev_slot))
+    (STAGED, '''            a_pipe.consumer_release(_Slot(prev_slot))
             self._store_tile(''',
      '''            a_pipe.consumer_release(_Slot(prev_slot))
             acc[0] = acc[0] + Float32(sink & Uint32(1))
             self._store_tile('''),
 ]
 _CONSUMER_SYNC = [
-    ("                b_pipe.consumer_wait(b_state)\n", ""),
-    ("                        b_pipe.consumer_release(b_state)  # the weights are in registers now\n",
-     "                        pass\n"),
-    ("                    a_pipe.consumer_wait(a_state)\n", ""),
-    (("                    if cutlass.const_expr(s > 0):\n"
-      "                        a_pipe.consumer_release(_Slot(prev_slot))\n"
-      "                    else:\n"
-      "                        if kt > 0:\n"
-      "                            a_pipe.consumer_release(_Slot(prev_slot))\n"), ""),
-    ("            warpgroup.wait_group(0)\n            a_pipe.consumer_release(_Slot(prev_slot))\n",
+    (STAGED, "                b_pipe.consumer_wait(b_state)\n", ""),
+    (STAGED, ("                        b_pipe.consumer_release(b_state)  # the weights are in "
+              "registers now\n"), "                        pass\n"),
+    (STAGED, "                    a_pipe.consumer_wait(a_state)\n", ""),
+    (STAGED, ("                    if cutlass.const_expr(s > 0):\n"
+              "                        a_pipe.consumer_release(_Slot(prev_slot))\n"
+              "                    else:\n"
+              "                        if kt > 0:\n"
+              "                            a_pipe.consumer_release(_Slot(prev_slot))\n"), ""),
+    (STAGED, ("            warpgroup.wait_group(0)\n"
+              "            a_pipe.consumer_release(_Slot(prev_slot))\n"),
      "            warpgroup.wait_group(0)\n"),
 ]
-VARIANTS: dict[str, list[tuple[str, str]]] = {
+VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
-        ('''        d_lo = dequant_word_w(lo, both, 0)
+        (WEIGHTS, '''        d_lo = dequant_word_w(lo, both, 0)
         d_hi = dequant_word_w(hi, both, 1)''',
          '''        d_lo = [lo ^ both, lo, lo, lo]
         d_hi = [hi ^ both, hi, hi, hi]'''),
     ],
-    "nomma": _NOMMA + [_NO_GUARD],
+    "nomma": [*_NOMMA, _NO_GUARD],
     "half_a": [
-        ('''            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem, (tile_m, SUB_K))''',
+        (MAIN, '''            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem, (tile_m, SUB_K))''',
          '''            a16_smem = cute.slice_(sm90_utils.make_smem_layout_b(
                 LayoutEnum.ROW_MAJOR, (tile_n, tile_m // 2, SUB_K), Float16, 1), (None, None, 0))
             atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem,
                                                     (tile_m // 2, SUB_K))'''),
-        ('''        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
+        (STAGED, '''        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)''',
          '''        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m // 2 * SUB_K * 2)'''),
@@ -95,7 +98,7 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
     # The producer takes no tile (its tail then waits on nothing) and the consumers neither
     # wait nor release, so no mbarrier phase can fall out of step.
     "compute_only": [
-        ('''        desc_set = Int32(1)
+        (STAGED, '''        desc_set = Int32(1)
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -109,14 +112,15 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
             if group != prev_group:
                 desc_set = 1 - desc_set
                 self._patch_descriptors_a16('''),
-    ] + _CONSUMER_SYNC,
+        *_CONSUMER_SYNC,
+    ],
     "sync_only": [
-        ('''                        self._dequant_b_fragment(
+        (STAGED, '''                        self._dequant_b_fragment(
                             words_w[s % 2], ct, s,
                             packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
                             scale_b + stage * self.sfb_stage_bytes, scale_row0)
 ''', "                        pass\n"),
-        ('''                    for kb in cutlass.range_constexpr(num_kblocks):
+        (STAGED, '''                    for kb in cutlass.range_constexpr(num_kblocks):
                         cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
                                   frag_a[None, None, kb, slot], acc)
 ''', ""),
@@ -125,24 +129,32 @@ VARIANTS: dict[str, list[tuple[str, str]]] = {
 }
 
 
-def patched(source: str, variant: str) -> str:
-    """`source` (grouped_gemm.py) with the variant's edits; ValueError when one does not match
-    exactly once."""
+def patched(sources: dict[str, str], variant: str) -> dict[str, str]:
+    """`sources` (file name under kernels/sm90 -> text) with the variant's edits; ValueError
+    when one does not match exactly once."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {sorted(VARIANTS)}, but got {variant!r}")
-    for i, (old, new) in enumerate(VARIANTS[variant]):
-        count = source.count(old)
+    out = dict(sources)
+    for i, (name, old, new) in enumerate(VARIANTS[variant]):
+        count = out[name].count(old)
         if count != 1:
-            raise ValueError(f"{variant} edit {i} matches {count} places in {KERNEL}, expected 1 "
-                             f"(the kernel changed: update bench/diag_build.py): {old[:70]!r}")
-        source = source.replace(old, new)
-    return source
+            raise ValueError(f"{variant} edit {i} matches {count} places in {SM90 / name}, "
+                             f"expected 1 (the kernel changed: update bench/diag_build.py): "
+                             f"{old[:70]!r}")
+        out[name] = out[name].replace(old, new)
+    return out
+
+
+def kernel_sources(root: Path) -> dict[str, str]:
+    """The files the variants edit, by name."""
+    return {name: (root / SM90 / name).read_text() for name in (MAIN, STAGED, WEIGHTS)}
 
 
 def copy_tree(dest: Path) -> None:
-    """The tracked files of the repository, as they are in the working tree."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    """The repository's files as they are in the working tree: tracked ones, and untracked ones
+    git does not ignore (a new kernel file must come along before it is committed)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, files):
         src = ROOT / name
         if src.is_file():
@@ -160,8 +172,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix=f"nvfp4_diag_{args.variant}_") as tmp:
         tree = Path(tmp)
         copy_tree(tree)
-        kernel = tree / KERNEL
-        kernel.write_text(patched(kernel.read_text(), args.variant))
+        for name, text in patched(kernel_sources(tree), args.variant).items():
+            (tree / SM90 / name).write_text(text)
         return subprocess.run([sys.executable, "build_kernels.py", "build", "--spec",
                                str(args.spec.resolve()), "--out", str(args.out.resolve()),
                                "-j", str(args.jobs)], cwd=tree, check=False).returncode

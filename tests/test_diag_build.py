@@ -15,26 +15,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import diag_build
 
-SOURCE = (ROOT / diag_build.KERNEL).read_text()
+SOURCES = diag_build.kernel_sources(ROOT)
 
 
 @pytest.mark.parametrize("variant", sorted(diag_build.VARIANTS))
 def test_every_edit_matches_the_kernel_once(variant: str) -> None:
-    out = diag_build.patched(SOURCE, variant)
-    assert out != SOURCE
-    for old, new in diag_build.VARIANTS[variant]:
-        assert out.count(old) == 0 or old in new
+    out = diag_build.patched(SOURCES, variant)
+    assert out != SOURCES
+    for name, old, new in diag_build.VARIANTS[variant]:
+        assert out[name].count(old) == 0 or old in new
 
 
 def test_unknown_variant_and_moved_code_are_errors() -> None:
     with pytest.raises(ValueError) as info:
-        diag_build.patched(SOURCE, "fast")
+        diag_build.patched(SOURCES, "fast")
     assert str(info.value) == ("variant must be one of ['compute_only', 'half_a', 'noconv', "
                                "'nomma', 'sync_only'], but got 'fast'")
-    moved = SOURCE.replace("d_lo = dequant_word_w(lo, both, 0)",
-                           "d_lo = dequant_word_w(lo, both, 0) ")
+    moved = dict(SOURCES, **{"weights.py": SOURCES["weights.py"].replace(
+        "d_lo = dequant_word_w(lo, both, 0)", "d_lo = dequant_word_w(lo, both, 0) ")})
     with pytest.raises(ValueError, match=r"^noconv edit 0 matches 0 places in "
-                                         r"kernels/sm90/grouped_gemm.py, expected 1 \(the kernel "
+                                         r"kernels/sm90/weights.py, expected 1 \(the kernel "
                                          r"changed: update bench/diag_build.py\)"):
         diag_build.patched(moved, "noconv")
 

@@ -32,6 +32,12 @@ sizes, pointers and the grid are run-time values; nothing about the call is bake
 Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, scales padded to
 128-row atoms (the blocked layout always is). Build:
     CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
+
+Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
+versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
+are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
+per_tile.py (v2) and weights.py (weights into wgmma registers, both versions); structure.py has
+the layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32
+from cutlass import Float16, Float32, Int32, Int64, Uint8
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
@@ -58,52 +64,21 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      Config, check, scale_blocks, smem_bytes)
-from .dequant import dequant_word, dequant_word_w, scale_pair, scales_w
-from .fp4_bits import W_UNSCALE, fragment_word, permuted_chunk
-from .ptx import (atom_add_acq_rel_gpu_u32, e4m3x2_to_f16x2, fence_proxy_async_global,
-                  ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4, ld_shared_u16,
-                  ld_shared_u32, ld_shared_v2, ld_shared_v4, nanosleep, prmt,
-                  red_add_release_gpu_u32, st_global_v4, st_relaxed_gpu_u32, st_shared_v2,
-                  st_shared_v4, trap)
-from .smem_layout import scale_word_offset
-from .staging import A_CHUNK_K, chunk_addresses
+from .fp4_bits import W_UNSCALE
+from .per_tile import PerTileA
+from .ptx import trap
+from .staged import HEADER_BYTES, StagedA
+from .structure import PACKED_ROW_BYTES, SCALE_BOX, WARPGROUP
+from .weights import WeightFragments
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
-PACKED_ROW_BYTES = K_TILE // 2  # one 128-byte (swizzle-128B) row of packed fp4 per operand row
-SUB_STEPS = K_TILE // SUB_K
-# One 128-row block's scales of a stage as (256 bytes, 8) for TMA (box dims <= 256).
-SCALE_BOX = (256, 2 * K_TILE // 64)
-# Warpgroup 0: producer (warp 0 issues TMA); one consumer warpgroup per 64 weight rows of the tile.
-WARPGROUP = 128
-# Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
-# producer warpgroup gives up all but PRODUCER_REGS, the consumers take CONSUMER_REGS.
-# 128 * 56 + 384 * 152 = 65536, the whole register file.
-PRODUCER_REGS, CONSUMER_REGS = 56, 152
-REBALANCED_CONSUMER_WARPGROUPS = 3  # the only consumer count those two numbers are made for
-assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_REGS) \
-    <= 65536 == WARPGROUP * (1 + REBALANCED_CONSUMER_WARPGROUPS) * 128
 # Placeholder extents for the descriptor templates; the kernel patches dims and strides.
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
-# Operand order inside a descriptor set (with a_fp16, OP_A is the fp16 copy and OP_SFA unused).
-OP_B, OP_A, OP_SFB, OP_SFA = range(4)
-# a_fp16: the workspace starts with the grid barrier (arrival counter, then the generation word
-# on its own 64-byte line); the runtime zeroes it once and every launch leaves it zeroed.
-HEADER_BYTES = 128
-BARRIER_GENERATION = 64
-STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
 
 
-class _Slot:
-    """A pipeline position by buffer index alone: consumer_release reads only `.index`, and a
-    lagged release must not copy the live PipelineState inside dynamic control flow."""
-
-    def __init__(self, index: Any) -> None:
-        self.index = index
-
-
-class Sm90GroupedGemm:
+class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -302,27 +277,6 @@ class Sm90GroupedGemm:
                             cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
 
     @cute.jit
-    def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                   cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
-        mainloop = self._tma_pipeline(
-            storage.mbar, self.stages,
-            (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
-
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
-
-        # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
-        # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
-        # in the producer path, which patches descriptors with 64-bit values.
-        if warp_idx == 0:
-            self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
-                           prefix, workspace, total_tiles, bidx, grid)
-        if warp_idx >= 4:
-            fb_layout, fa_layout = self._fp16_layouts()
-            self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
-                           prefix, total_tiles, bidx, grid, tidx - 128)
-
-    @cute.jit
     def _tables(self, problem_sizes, pointers, cta_prefix, num_groups):
         """The device tables as tensors (kernels/tables.py layouts), and the total tile count."""
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
@@ -343,272 +297,6 @@ class Sm90GroupedGemm:
             cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
         )
 
-    # ------------------------------------------------------------------ a_fp16 (v3)
-    @cute.jit
-    def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
-                    cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
-        """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
-        workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
-        tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
-        b_pipe = self._tma_pipeline(storage.mbar, self.stages,
-                                    self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
-        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
-                                    self.tile_m * SUB_K * 2)
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
-        ws_base = workspace.toint()
-        a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
-                                                    * tma.TENSORMAP_BYTES)
-
-        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)
-        cute.arch.barrier()
-        if tidx == 0:
-            self._grid_barrier(ws_base, grid)
-        cute.arch.barrier()
-        # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
-        fence_proxy_async_global()
-
-        # Each role is called from two places below: its arguments, written once.
-        producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                         ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
-        consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
-        rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
-        if cutlass.const_expr(rebalance):
-            # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
-            # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
-            # honours it only when each role's code is reachable from its own setmaxnreg alone.
-            if warp_idx < 4:
-                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
-                if warp_idx == 0:
-                    self._producer_a16(*producer_args)
-            else:
-                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
-        else:
-            if warp_idx == 0:
-                self._producer_a16(*producer_args)
-            if warp_idx >= 4:
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
-
-    @cute.jit
-    def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
-        """Convert every group's A to fp16 at a16_base (groups back to back, rows of k). Each
-        thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
-        them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
-        lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
-        The chunks of all groups form one index space (group after group, rows in order, K
-        chunks fastest), so a thread's chunks are spread over the whole call rather than
-        handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
-        conversion, and the phase is one memory round trip per thread for calls of up to
-        STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
-        stride = grid * self.threads
-        total = Int32(0)
-        for g in cutlass.range(num_groups, unroll=1):
-            total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
-        # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
-        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
-        # (A_CHUNK_K fp16 = 64 bytes per chunk).
-        group = Int32(-1)
-        first = Int32(0)
-        count = Int32(0)
-        offset = Int64(0)
-        c = bidx * self.threads + tidx
-        while c < total:
-            dsts, words, scales = [], [], []
-            for u in cutlass.range_constexpr(STAGE_UNROLL):
-                # Past the end: load the last chunk again (valid memory), store nothing.
-                cu = cutlass.min(c + u * stride, total - 1)
-                while cu >= first + count:  # groups of m = 0 have no chunks and are skipped
-                    first += count
-                    offset += Int64(count) * Int64(A_CHUNK_K * 2)
-                    group += 1
-                    count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
-                src, sf, dst = chunk_addresses(
-                    cu, first, sizes[group, tables.COL_K],
-                    lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
-                             a16_base + offset), Int64)
-                words.append(ld_global_nc_v4(src))
-                scales.append(ld_global_nc_u16(sf))
-                dsts.append(dst)
-            for u in cutlass.range_constexpr(STAGE_UNROLL):
-                s0, s1 = scale_pair(scales[u])
-                outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
-                if c + u * stride < total:
-                    for q in cutlass.range_constexpr(4):
-                        chunk, _ = permuted_chunk(0, q)
-                        st_global_v4(dsts[u] + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
-                                     outs[3][q])
-            c += STAGE_UNROLL * stride
-        fence_proxy_async_global()
-
-    @cute.jit
-    def _grid_barrier(self, ws_base, grid) -> None:
-        """One thread per CTA: a self-resetting barrier over the whole (co-resident,
-        cooperatively launched) grid, counters in the zeroed workspace header."""
-        counter = ws_base
-        generation = ws_base + BARRIER_GENERATION
-        seen = ld_acquire_gpu_u32(generation)
-        arrived = atom_add_acq_rel_gpu_u32(counter, 1)
-        if arrived == Uint32(grid - 1):
-            st_relaxed_gpu_u32(counter, 0)  # ready for the next launch before anyone leaves
-            red_add_release_gpu_u32(generation, 1)
-        else:
-            now = ld_acquire_gpu_u32(generation)
-            while now == seen:
-                nanosleep(64)
-                now = ld_acquire_gpu_u32(generation)
-
-    @cute.jit
-    def _a16_offset(self, sizes, group) -> Int64:
-        """Byte offset of group `group`'s fp16 A in the staging area."""
-        offset = Int64(0)
-        for g in cutlass.range(group, unroll=1):
-            offset += Int64(sizes[g, tables.COL_M]) * Int64(sizes[g, tables.COL_K] * 2)
-        return offset
-
-    @cute.jit
-    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
-        atoms = (tma_b, tma_a16, tma_sfb)
-        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
-        self._copy_templates(atoms, ws, bidx)
-
-        packed_b = storage.packed_b.data_ptr()
-        scale_b = storage.scale_b.data_ptr()
-        a16 = storage.a16.data_ptr()
-        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
-                                               self.config.a_slots)
-        group = Int32(0)
-        prev_group = Int32(-1)
-        desc_set = Int32(1)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            if group != prev_group:
-                desc_set = 1 - desc_set
-                self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                            a16_base, m, n, k)
-                prev_group = group
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
-            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
-            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
-            row_a = tile_m_idx * self.tile_m
-            row_b = tile_n_idx * self.tile_n
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.producer_acquire(b_state)
-                bar = b_pipe.producer_get_barrier(b_state)
-                stage = b_state.index
-                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
-                             (kt * PACKED_ROW_BYTES, row_b))
-                tma.tma_load(d_sfb, scale_b + stage * self.sfb_stage_bytes,
-                             bar, (0, kt * SCALE_BOX[1], row_b // 128))
-                b_pipe.producer_commit(b_state)
-                b_state.advance()
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    a_pipe.producer_acquire(a_state)
-                    tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
-                                 a_pipe.producer_get_barrier(a_state),
-                                 (kt * K_TILE + s * SUB_K, row_a))
-                    a_pipe.producer_commit(a_state)
-                    a_state.advance()
-            tile += grid
-        b_pipe.producer_tail(b_state)
-        a_pipe.producer_tail(a_state)
-
-    @cute.jit
-    def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,
-                               m, n, k) -> None:
-        row_bytes = k // 2
-        scale_k = k // 64
-        a16_ptr = cute.make_ptr(Float16, a16_base + self._a16_offset(sizes, group),
-                                cute.AddressSpace.gmem, assumed_align=16)
-        tensors = (
-            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
-            cute.make_tensor(a16_ptr, cute.make_layout((m, k), stride=(k, 1))),
-            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
-        )
-        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
-
-    @cute.jit
-    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                      total_tiles, bidx, grid, ct) -> None:
-        a16_layout = self._a16_layout()
-        a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-        thr_mma = tiled_mma.get_slice(ct)
-        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
-        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                  for _ in range(2)]
-        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_w[0], mode=[2])
-        packed_b = storage.packed_b.data_ptr().toint()
-        scale_b = storage.scale_b.data_ptr().toint()
-
-        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                               self.config.a_slots)
-        prev_slot = Int32(0)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
-            scale_row0 = (tile_n_idx * self.tile_n) % 128
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.consumer_wait(b_state)
-                stage = b_state.index
-                if cutlass.const_expr(self.config.w_prefetch):
-                    stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-                    stage_s = scale_b + stage * self.sfb_stage_bytes
-                    loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
-                              for h in range(2)]
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    if cutlass.const_expr(self.config.w_prefetch):
-                        for h in cutlass.range_constexpr(2):
-                            self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
-                        if cutlass.const_expr(s + 1 < SUB_STEPS):
-                            # The next step's shared-memory words, issued before this step's
-                            # waits and wgmma so their latency is off the next step's chain.
-                            loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
-                                                        scale_row0) for h in range(2)]
-                    else:
-                        self._dequant_b_fragment(
-                            words_w[s % 2], ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
-                    if s == SUB_STEPS - 1:
-                        b_pipe.consumer_release(b_state)  # the weights are in registers now
-                    a_pipe.consumer_wait(a_state)
-                    slot = a_state.index
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                                  frag_a[None, None, kb, slot], acc)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # The previous step's wgmma has retired: its A slot may be refilled. (The
-                    # first step of a tile has none: the tile end released it.)
-                    if cutlass.const_expr(s > 0):
-                        a_pipe.consumer_release(_Slot(prev_slot))
-                    else:
-                        if kt > 0:
-                            a_pipe.consumer_release(_Slot(prev_slot))
-                    prev_slot = slot
-                    a_state.advance()
-                b_state.advance()
-            warpgroup.wait_group(0)
-            a_pipe.consumer_release(_Slot(prev_slot))
-            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-            tile += grid
-
     @cute.jit
     def _group_of(self, tile: Int32, group: Int32, prefix: cute.Tensor, sizes: cute.Tensor):
         """Walk forward from `group` to the group owning `tile` (tiles only increase per CTA);
@@ -624,66 +312,6 @@ class Sm90GroupedGemm:
         tiles_m = (m + self.tile_m - 1) // self.tile_m
         tile_n_idx = local // tiles_m
         return local - tile_n_idx * tiles_m, tile_n_idx
-
-    @cute.jit
-    def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
-                  workspace, total_tiles, bidx, grid) -> None:
-        atoms = (tma_b, tma_a, tma_sfb, tma_sfa)
-        ws = cute.make_ptr(Int64, workspace.toint(), cute.AddressSpace.gmem, assumed_align=128)
-        self._copy_templates(atoms, ws, bidx)
-
-        packed_b = storage.packed_b.data_ptr()
-        packed_a = storage.packed_a.data_ptr()
-        scale_b = storage.scale_b.data_ptr()
-        scale_a = storage.scale_a.data_ptr()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        group = Int32(0)
-        prev_group = Int32(-1)
-        desc_set = Int32(1)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            if group != prev_group:
-                desc_set = 1 - desc_set
-                self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
-                prev_group = group
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
-            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
-            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
-            d_sfa = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFA)
-            row_a = tile_m_idx * self.tile_m
-            row_b = tile_n_idx * self.tile_n
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                mainloop.producer_acquire(state)
-                bar = mainloop.producer_get_barrier(state)
-                stage = state.index
-                col = kt * PACKED_ROW_BYTES
-                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
-                             (col, row_b))
-                tma.tma_load(d_a, packed_a + stage * (self.tile_m * PACKED_ROW_BYTES), bar,
-                             (col, row_a))
-                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
-                             (0, kt * SCALE_BOX[1], row_b // 128))
-                tma.tma_load(d_sfa, scale_a + stage * SCALE_STAGE_BYTES, bar,
-                             (0, kt * SCALE_BOX[1], row_a // 128))
-                mainloop.producer_commit(state)
-                state.advance()
-            tile += grid
-        mainloop.producer_tail(state)
-
-    @cute.jit
-    def _patch_descriptors(self, atoms, ws, bidx, desc_set, ptrs, group, m, n, k) -> None:
-        """Point this CTA's descriptor set at group `group` (whole warp; one lane writes)."""
-        row_bytes = k // 2
-        scale_k = k // 64  # 512-byte atoms per 128-row block
-        tensors = (
-            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
-            self._bytes_tensor(ptrs[group, tables.PTR_A], (m, row_bytes), (row_bytes, 1)),
-            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
-            self._scale_tensor(ptrs[group, tables.PTR_SFA], m, scale_k),
-        )
-        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     @staticmethod
     def _scale_tensor(address: Int64, rows: Int32, scale_k: Int32) -> cute.Tensor:
@@ -718,183 +346,6 @@ class Sm90GroupedGemm:
     def _bytes_tensor(address: Int64, shape: tuple, stride: tuple) -> cute.Tensor:
         ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=16)
         return cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
-
-    @cute.jit
-    def _consumer(self, tiled_mma, fb_layout, fa_layout, storage, mainloop, sizes, ptrs, prefix,
-                  total_tiles, bidx, grid, ct) -> None:
-        fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
-        thr_mma = tiled_mma.get_slice(ct)
-        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
-        if cutlass.const_expr(self.w_regs):
-            # Two register fragments: a step writes one while the previous step's wgmma may
-            # still read the other (wait_group(1) retires the one before that).
-            frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                      for _ in range(2)]
-            words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-            frag_b = frag_w[0]
-        else:
-            fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
-            frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_b, mode=[2])
-        step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_threads)
-
-        packed_b = storage.packed_b.data_ptr().toint()
-        packed_a = storage.packed_a.data_ptr().toint()
-        scale_b = storage.scale_b.data_ptr().toint()
-        scale_a = storage.scale_a.data_ptr().toint()
-        f16_b = storage.fp16_b.data_ptr().toint()
-        f16_a = storage.fp16_a.data_ptr().toint()
-        fb_stride = self.tile_n * SUB_K * 2  # bytes per fp16 buffer
-        fa_stride = self.tile_m * SUB_K * 2
-
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        step = Int32(0)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            a_row0_in_block = (tile_m_idx * self.tile_m) % 128
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                mainloop.consumer_wait(state)
-                stage = state.index
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    buf = step % FP16_BUFFERS
-                    # Three buffers: the buffer written now was last read by the wgmma of step
-                    # `step - 3`, which every consumer warpgroup retired (wait_group(1) at the end
-                    # of step - 2) before arriving at the barrier of step - 1.
-                    if cutlass.const_expr(self.w_regs):
-                        self._dequant_b_fragment(
-                            words_w[s % 2], ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * SCALE_STAGE_BYTES)
-                    else:
-                        self._dequant_rows(
-                            self.tile_n, ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
-                    self._dequant_rows(
-                        self.tile_m, ct, s,
-                        packed_a + stage * (self.tile_m * PACKED_ROW_BYTES),
-                        scale_a + stage * SCALE_STAGE_BYTES, a_row0_in_block,
-                        f16_a + buf * fa_stride)
-                    if s == SUB_STEPS - 1:
-                        mainloop.consumer_release(state)
-                    # Generic-proxy stores must be visible to the async proxy (wgmma) ...
-                    cute.arch.fence_proxy("async.shared", space="cta")
-                    # ... and every consumer's rows written before either warpgroup reads them.
-                    step_barrier.arrive_and_wait()
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        if cutlass.const_expr(self.w_regs):
-                            b_operand = frag_w[s % 2][None, None, kb]
-                        else:
-                            b_operand = frag_b[None, None, kb, buf]
-                        cute.gemm(tiled_mma, acc, b_operand, frag_a[None, None, kb, buf], acc)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    step += 1
-                state.advance()
-            warpgroup.wait_group(0)
-            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-            tile += grid
-
-    @cute.jit
-    def _dequant_rows(self, rows: int, ct: Int32, s: int, packed: Int32, scales: Int32,
-                      scale_row0: Int32, dst: Int32) -> None:
-        """Dequantize sub-step `s` (64 K) of `rows` packed rows into an fp16 wgmma tile.
-
-        Thread `ct` of 256 takes `rows / 32` consecutive words (8 e2m1 each) of one row. Packed
-        and fp16 tiles are both 128B-swizzled: 16-byte chunk c of row r sits at c ^ (r % 8).
-        """
-        words = rows // 32  # 4 (16 bytes) for 128 rows, 2 (8 bytes) for 64 rows
-        per_row = 8 // words  # threads sharing one row's 64 K
-        r = ct // per_row
-        part = ct % per_row
-        first_word = part * words  # in 0..7: 8 words = 32 bytes = 64 K per row per sub-step
-        chunk = 2 * s + first_word // 4
-        src = packed + r * PACKED_ROW_BYTES + ((chunk ^ (r % 8)) * 16) + (first_word % 4) * 4
-        sr = scale_row0 + r
-        scale_at = (scales + s * SCALE_ATOM_BYTES + (sr % 32) * 16 + (sr // 32) * 4
-                    + first_word // 2)
-        if cutlass.const_expr(words == 4):
-            w = ld_shared_v4(src)
-            s0, s1 = scale_pair(ld_shared_u16(scale_at))
-            scale_per_word = (s0, s0, s1, s1)
-        else:
-            w = ld_shared_v2(src)
-            # One scale for both words; it may be the high byte of its aligned 16-bit pair.
-            odd = (first_word // 2) % 2
-            both = e4m3x2_to_f16x2(ld_shared_u16(scale_at - odd))
-            s0 = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
-            scale_per_word = (s0, s0)
-        outs = [dequant_word(w[i], scale_per_word[i]) for i in range(words)]
-        if cutlass.const_expr(self.w_regs):
-            # K order of the register B operand (see _dequant_b_fragment): output pair q of
-            # word j (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk
-            # 4 (j // 4) + q at byte 4 (j % 4): this thread's words fill one slice of 4 chunks.
-            for q in cutlass.range_constexpr(4):
-                chunk, byte = permuted_chunk(first_word, q)
-                dst_at = dst + r * (SUB_K * 2) + ((chunk ^ (r % 8)) * 16) + byte
-                if cutlass.const_expr(words == 4):
-                    st_shared_v4(dst_at, outs[0][q], outs[1][q], outs[2][q], outs[3][q])
-                else:
-                    st_shared_v2(dst_at, outs[0][q], outs[1][q])
-        else:
-            for i in cutlass.range_constexpr(words):
-                out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
-                dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
-                st_shared_v4(dst_at, outs[i][0], outs[i][1], outs[i][2], outs[i][3])
-
-    @cute.jit
-    def _dequant_b_fragment(self, words: cute.Tensor, ct: Int32, s: int, packed: Int32,
-                            scales: Int32, scale_row0: Int32 = 0) -> None:
-        """Dequantize sub-step `s` of this thread's B rows straight into its wgmma A fragment.
-
-        The fragment of thread (warp w, lane l) holds rows r0 = 16 w + l / 4 (+ 64 per
-        warpgroup) and r1 = r0 + 8 at K positions 2c, 2c+1, 2c+8, 2c+9 of each k16 block
-        (c = l % 4); word index 4 kb + 2 khalf + rowhalf. The K order inside a 64-K step is
-        ours to choose (both operands follow it): packed word c of a row (8 e2m1) feeds blocks
-        0 and 1 of thread c, word c + 4 blocks 2 and 3, so each thread reads 2 words per row.
-        """
-        for half in cutlass.range_constexpr(2):
-            self._convert_b_half(words, ct, half,
-                                 self._load_b_half(ct, s, half, packed, scales, scale_row0))
-
-    @cute.jit
-    def _load_b_half(self, ct: Int32, s: int, half: int, packed: Int32, scales: Int32,
-                     scale_row0: Int32) -> tuple:
-        """The shared-memory words of row r0 + 8 half for sub-step `s` (_dequant_b_fragment):
-        its packed words c and c + 4, and its 4 scales of the step."""
-        t = ct % 128
-        c = t % 4
-        row = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4 + 8 * half
-        base = packed + row * PACKED_ROW_BYTES
-        lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
-        hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
-        four = ld_shared_u32(scale_word_offset(row, s, self.scale_blocks, scale_row0,
-                                               base=scales))
-        return lo, hi, four
-
-    @cute.jit
-    def _convert_b_half(self, words: cute.Tensor, ct: Int32, half: int, loaded: tuple) -> None:
-        """Convert one row's loaded words (_load_b_half) into its fragment slots."""
-        lo, hi, four = loaded
-        c = (ct % 128) % 4
-        # Word c uses scale column c // 2 and word c + 4 column 2 + c // 2.
-        sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
-        both = scales_w(prmt(four, 0, sel))
-        d_lo = dequant_word_w(lo, both, 0)
-        d_hi = dequant_word_w(hi, both, 1)
-        for q in cutlass.range_constexpr(4):
-            words[fragment_word(q, half, 0)] = d_lo[q]
-            words[fragment_word(q, half, 1)] = d_hi[q]
 
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,

@@ -1,0 +1,240 @@
+"""v2 of the sm_90a kernel (Config.a_fp16 false): no staging phase; one TMA stage carries
+packed weights and packed A, and the consumer warpgroups convert their A rows per 64-K step into
+swizzled shared memory (a named barrier per step) as well as the weights. A mixin of
+Sm90GroupedGemm (kernels/sm90/grouped_gemm.py)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, Int64, Uint32
+from cutlass.cute.nvgpu import warpgroup
+
+from kernels import tables
+
+from . import tma
+from .config import FP16_BUFFERS, K_TILE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K
+from .dequant import dequant_word, scale_pair
+from .fp4_bits import permuted_chunk
+from .ptx import (e4m3x2_to_f16x2, ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
+                  st_shared_v2, st_shared_v4)
+from .structure import OP_A, OP_B, OP_SFA, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS
+
+
+class PerTileA:
+    """v2: the consumers convert A per tile as well as the weights."""
+
+    @cute.jit
+    def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
+                   cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+        mainloop = self._tma_pipeline(
+            storage.mbar, self.stages,
+            (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
+
+        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
+                                                        num_groups)
+
+        # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
+        # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
+        # in the producer path, which patches descriptors with 64-bit values.
+        if warp_idx == 0:
+            self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
+                           prefix, workspace, total_tiles, bidx, grid)
+        if warp_idx >= 4:
+            fb_layout, fa_layout = self._fp16_layouts()
+            self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
+                           prefix, total_tiles, bidx, grid, tidx - 128)
+
+    @cute.jit
+    def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
+                  workspace, total_tiles, bidx, grid) -> None:
+        atoms = (tma_b, tma_a, tma_sfb, tma_sfa)
+        ws = cute.make_ptr(Int64, workspace.toint(), cute.AddressSpace.gmem, assumed_align=128)
+        self._copy_templates(atoms, ws, bidx)
+
+        packed_b = storage.packed_b.data_ptr()
+        packed_a = storage.packed_a.data_ptr()
+        scale_b = storage.scale_b.data_ptr()
+        scale_a = storage.scale_a.data_ptr()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        group = Int32(0)
+        prev_group = Int32(-1)
+        desc_set = Int32(1)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            if group != prev_group:
+                desc_set = 1 - desc_set
+                self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
+                prev_group = group
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
+            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
+            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            d_sfa = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFA)
+            row_a = tile_m_idx * self.tile_m
+            row_b = tile_n_idx * self.tile_n
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                mainloop.producer_acquire(state)
+                bar = mainloop.producer_get_barrier(state)
+                stage = state.index
+                col = kt * PACKED_ROW_BYTES
+                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
+                             (col, row_b))
+                tma.tma_load(d_a, packed_a + stage * (self.tile_m * PACKED_ROW_BYTES), bar,
+                             (col, row_a))
+                tma.tma_load(d_sfb, scale_b + stage * SCALE_STAGE_BYTES, bar,
+                             (0, kt * SCALE_BOX[1], row_b // 128))
+                tma.tma_load(d_sfa, scale_a + stage * SCALE_STAGE_BYTES, bar,
+                             (0, kt * SCALE_BOX[1], row_a // 128))
+                mainloop.producer_commit(state)
+                state.advance()
+            tile += grid
+        mainloop.producer_tail(state)
+
+    @cute.jit
+    def _patch_descriptors(self, atoms, ws, bidx, desc_set, ptrs, group, m, n, k) -> None:
+        """Point this CTA's descriptor set at group `group` (whole warp; one lane writes)."""
+        row_bytes = k // 2
+        scale_k = k // 64  # 512-byte atoms per 128-row block
+        tensors = (
+            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
+            self._bytes_tensor(ptrs[group, tables.PTR_A], (m, row_bytes), (row_bytes, 1)),
+            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
+            self._scale_tensor(ptrs[group, tables.PTR_SFA], m, scale_k),
+        )
+        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
+
+    @cute.jit
+    def _consumer(self, tiled_mma, fb_layout, fa_layout, storage, mainloop, sizes, ptrs, prefix,
+                  total_tiles, bidx, grid, ct) -> None:
+        fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
+        if cutlass.const_expr(self.w_regs):
+            # Two register fragments: a step writes one while the previous step's wgmma may
+            # still read the other (wait_group(1) retires the one before that).
+            frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                      for _ in range(2)]
+            words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+            frag_b = frag_w[0]
+        else:
+            fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
+            frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        num_kblocks = cute.size(frag_b, mode=[2])
+        step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_threads)
+
+        packed_b = storage.packed_b.data_ptr().toint()
+        packed_a = storage.packed_a.data_ptr().toint()
+        scale_b = storage.scale_b.data_ptr().toint()
+        scale_a = storage.scale_a.data_ptr().toint()
+        f16_b = storage.fp16_b.data_ptr().toint()
+        f16_a = storage.fp16_a.data_ptr().toint()
+        fb_stride = self.tile_n * SUB_K * 2  # bytes per fp16 buffer
+        fa_stride = self.tile_m * SUB_K * 2
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        step = Int32(0)
+        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            a_row0_in_block = (tile_m_idx * self.tile_m) % 128
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                mainloop.consumer_wait(state)
+                stage = state.index
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    buf = step % FP16_BUFFERS
+                    # Three buffers: the buffer written now was last read by the wgmma of step
+                    # `step - 3`, which every consumer warpgroup retired (wait_group(1) at the end
+                    # of step - 2) before arriving at the barrier of step - 1.
+                    if cutlass.const_expr(self.w_regs):
+                        self._dequant_b_fragment(
+                            words_w[s % 2], ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * SCALE_STAGE_BYTES)
+                    else:
+                        self._dequant_rows(
+                            self.tile_n, ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
+                    self._dequant_rows(
+                        self.tile_m, ct, s,
+                        packed_a + stage * (self.tile_m * PACKED_ROW_BYTES),
+                        scale_a + stage * SCALE_STAGE_BYTES, a_row0_in_block,
+                        f16_a + buf * fa_stride)
+                    if s == SUB_STEPS - 1:
+                        mainloop.consumer_release(state)
+                    # Generic-proxy stores must be visible to the async proxy (wgmma) ...
+                    cute.arch.fence_proxy("async.shared", space="cta")
+                    # ... and every consumer's rows written before either warpgroup reads them.
+                    step_barrier.arrive_and_wait()
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        if cutlass.const_expr(self.w_regs):
+                            b_operand = frag_w[s % 2][None, None, kb]
+                        else:
+                            b_operand = frag_b[None, None, kb, buf]
+                        cute.gemm(tiled_mma, acc, b_operand, frag_a[None, None, kb, buf], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    step += 1
+                state.advance()
+            warpgroup.wait_group(0)
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
+
+    @cute.jit
+    def _dequant_rows(self, rows: int, ct: Int32, s: int, packed: Int32, scales: Int32,
+                      scale_row0: Int32, dst: Int32) -> None:
+        """Dequantize sub-step `s` (64 K) of `rows` packed rows into an fp16 wgmma tile.
+
+        Thread `ct` of 256 takes `rows / 32` consecutive words (8 e2m1 each) of one row. Packed
+        and fp16 tiles are both 128B-swizzled: 16-byte chunk c of row r sits at c ^ (r % 8).
+        """
+        words = rows // 32  # 4 (16 bytes) for 128 rows, 2 (8 bytes) for 64 rows
+        per_row = 8 // words  # threads sharing one row's 64 K
+        r = ct // per_row
+        part = ct % per_row
+        first_word = part * words  # in 0..7: 8 words = 32 bytes = 64 K per row per sub-step
+        chunk = 2 * s + first_word // 4
+        src = packed + r * PACKED_ROW_BYTES + ((chunk ^ (r % 8)) * 16) + (first_word % 4) * 4
+        sr = scale_row0 + r
+        scale_at = (scales + s * SCALE_ATOM_BYTES + (sr % 32) * 16 + (sr // 32) * 4
+                    + first_word // 2)
+        if cutlass.const_expr(words == 4):
+            w = ld_shared_v4(src)
+            s0, s1 = scale_pair(ld_shared_u16(scale_at))
+            scale_per_word = (s0, s0, s1, s1)
+        else:
+            w = ld_shared_v2(src)
+            # One scale for both words; it may be the high byte of its aligned 16-bit pair.
+            odd = (first_word // 2) % 2
+            both = e4m3x2_to_f16x2(ld_shared_u16(scale_at - odd))
+            s0 = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
+            scale_per_word = (s0, s0)
+        outs = [dequant_word(w[i], scale_per_word[i]) for i in range(words)]
+        if cutlass.const_expr(self.w_regs):
+            # K order of the register B operand (see _dequant_b_fragment): output pair q of
+            # word j (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk
+            # 4 (j // 4) + q at byte 4 (j % 4): this thread's words fill one slice of 4 chunks.
+            for q in cutlass.range_constexpr(4):
+                chunk, byte = permuted_chunk(first_word, q)
+                dst_at = dst + r * (SUB_K * 2) + ((chunk ^ (r % 8)) * 16) + byte
+                if cutlass.const_expr(words == 4):
+                    st_shared_v4(dst_at, outs[0][q], outs[1][q], outs[2][q], outs[3][q])
+                else:
+                    st_shared_v2(dst_at, outs[0][q], outs[1][q])
+        else:
+            for i in cutlass.range_constexpr(words):
+                out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
+                dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
+                st_shared_v4(dst_at, outs[i][0], outs[i][1], outs[i][2], outs[i][3])

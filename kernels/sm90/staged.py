@@ -1,0 +1,317 @@
+"""v3 of the sm_90a kernel (Config.a_fp16): A is converted to fp16 once per call by every CTA
+(phase 1), a grid barrier follows, and the persistent tile loop TMA-loads fp16 A tiles into a
+ring the wgmma reads while the consumers convert only the weights (kernels/sm90/weights.py).
+A mixin of Sm90GroupedGemm (kernels/sm90/grouped_gemm.py), whose module docstring has the whole
+data path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float16, Float32, Int32, Int64, Uint32
+from cutlass.cute.nvgpu import warpgroup
+
+from kernels import tables
+
+from . import tma
+from .config import K_TILE, SUB_K
+from .dequant import dequant_word, scale_pair
+from .fp4_bits import permuted_chunk
+from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
+                  ld_global_nc_u16, ld_global_nc_v4, nanosleep, red_add_release_gpu_u32,
+                  st_global_v4, st_relaxed_gpu_u32)
+from .staging import A_CHUNK_K, chunk_addresses
+from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
+
+# Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
+# producer warpgroup gives up all but PRODUCER_REGS, the consumers take CONSUMER_REGS.
+# 128 * 56 + 384 * 152 = 65536, the whole register file.
+PRODUCER_REGS, CONSUMER_REGS = 56, 152
+REBALANCED_CONSUMER_WARPGROUPS = 3  # the only consumer count those two numbers are made for
+assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_REGS) \
+    <= 65536 == WARPGROUP * (1 + REBALANCED_CONSUMER_WARPGROUPS) * 128
+# The workspace starts with the grid barrier (arrival counter, then the generation word on its
+# own 64-byte line); the runtime zeroes it once and every launch leaves it zeroed.
+HEADER_BYTES = 128
+BARRIER_GENERATION = 64
+STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
+
+
+class _Slot:
+    """A pipeline position by buffer index alone: consumer_release reads only `.index`, and a
+    lagged release must not copy the live PipelineState inside dynamic control flow."""
+
+    def __init__(self, index: Any) -> None:
+        self.index = index
+
+
+class StagedA:
+    """v3: A staged to fp16 once per call, then the tile loop."""
+
+    @cute.jit
+    def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
+                    cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+        """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
+        workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
+        tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
+        b_pipe = self._tma_pipeline(storage.mbar, self.stages,
+                                    self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
+        a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
+                                    self.tile_m * SUB_K * 2)
+        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
+                                                        num_groups)
+        ws_base = workspace.toint()
+        a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
+                                                    * tma.TENSORMAP_BYTES)
+
+        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)
+        cute.arch.barrier()
+        if tidx == 0:
+            self._grid_barrier(ws_base, grid)
+        cute.arch.barrier()
+        # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
+        fence_proxy_async_global()
+
+        # Each role is called from two places below: its arguments, written once.
+        producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                         ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
+        consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
+        rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
+        if cutlass.const_expr(rebalance):
+            # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
+            # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
+            # honours it only when each role's code is reachable from its own setmaxnreg alone.
+            if warp_idx < 4:
+                cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+                if warp_idx == 0:
+                    self._producer_a16(*producer_args)
+            else:
+                cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+        else:
+            if warp_idx == 0:
+                self._producer_a16(*producer_args)
+            if warp_idx >= 4:
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+
+    @cute.jit
+    def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
+        """Convert every group's A to fp16 at a16_base (groups back to back, rows of k). Each
+        thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
+        them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
+        lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
+        The chunks of all groups form one index space (group after group, rows in order, K
+        chunks fastest), so a thread's chunks are spread over the whole call rather than
+        handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
+        conversion, and the phase is one memory round trip per thread for calls of up to
+        STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
+        stride = grid * self.threads
+        total = Int32(0)
+        for g in cutlass.range(num_groups, unroll=1):
+            total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
+        # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
+        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
+        # (A_CHUNK_K fp16 = 64 bytes per chunk).
+        group = Int32(-1)
+        first = Int32(0)
+        count = Int32(0)
+        offset = Int64(0)
+        c = bidx * self.threads + tidx
+        while c < total:
+            dsts, words, scales = [], [], []
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
+                # Past the end: load the last chunk again (valid memory), store nothing.
+                cu = cutlass.min(c + u * stride, total - 1)
+                while cu >= first + count:  # groups of m = 0 have no chunks and are skipped
+                    first += count
+                    offset += Int64(count) * Int64(A_CHUNK_K * 2)
+                    group += 1
+                    count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
+                src, sf, dst = chunk_addresses(
+                    cu, first, sizes[group, tables.COL_K],
+                    lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
+                             a16_base + offset), Int64)
+                words.append(ld_global_nc_v4(src))
+                scales.append(ld_global_nc_u16(sf))
+                dsts.append(dst)
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
+                s0, s1 = scale_pair(scales[u])
+                outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
+                if c + u * stride < total:
+                    for q in cutlass.range_constexpr(4):
+                        chunk, _ = permuted_chunk(0, q)
+                        st_global_v4(dsts[u] + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
+                                     outs[3][q])
+            c += STAGE_UNROLL * stride
+        fence_proxy_async_global()
+
+    @cute.jit
+    def _grid_barrier(self, ws_base, grid) -> None:
+        """One thread per CTA: a self-resetting barrier over the whole (co-resident,
+        cooperatively launched) grid, counters in the zeroed workspace header."""
+        counter = ws_base
+        generation = ws_base + BARRIER_GENERATION
+        seen = ld_acquire_gpu_u32(generation)
+        arrived = atom_add_acq_rel_gpu_u32(counter, 1)
+        if arrived == Uint32(grid - 1):
+            st_relaxed_gpu_u32(counter, 0)  # ready for the next launch before anyone leaves
+            red_add_release_gpu_u32(generation, 1)
+        else:
+            now = ld_acquire_gpu_u32(generation)
+            while now == seen:
+                nanosleep(64)
+                now = ld_acquire_gpu_u32(generation)
+
+    @cute.jit
+    def _a16_offset(self, sizes, group) -> Int64:
+        """Byte offset of group `group`'s fp16 A in the staging area."""
+        offset = Int64(0)
+        for g in cutlass.range(group, unroll=1):
+            offset += Int64(sizes[g, tables.COL_M]) * Int64(sizes[g, tables.COL_K] * 2)
+        return offset
+
+    @cute.jit
+    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+        atoms = (tma_b, tma_a16, tma_sfb)
+        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
+        self._copy_templates(atoms, ws, bidx)
+
+        packed_b = storage.packed_b.data_ptr()
+        scale_b = storage.scale_b.data_ptr()
+        a16 = storage.a16.data_ptr()
+        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                               self.config.a_slots)
+        group = Int32(0)
+        prev_group = Int32(-1)
+        desc_set = Int32(1)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            if group != prev_group:
+                desc_set = 1 - desc_set
+                self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
+                                            a16_base, m, n, k)
+                prev_group = group
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
+            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
+            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            row_a = tile_m_idx * self.tile_m
+            row_b = tile_n_idx * self.tile_n
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.producer_acquire(b_state)
+                bar = b_pipe.producer_get_barrier(b_state)
+                stage = b_state.index
+                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
+                             (kt * PACKED_ROW_BYTES, row_b))
+                tma.tma_load(d_sfb, scale_b + stage * self.sfb_stage_bytes,
+                             bar, (0, kt * SCALE_BOX[1], row_b // 128))
+                b_pipe.producer_commit(b_state)
+                b_state.advance()
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    a_pipe.producer_acquire(a_state)
+                    tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
+                                 a_pipe.producer_get_barrier(a_state),
+                                 (kt * K_TILE + s * SUB_K, row_a))
+                    a_pipe.producer_commit(a_state)
+                    a_state.advance()
+            tile += grid
+        b_pipe.producer_tail(b_state)
+        a_pipe.producer_tail(a_state)
+
+    @cute.jit
+    def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,
+                               m, n, k) -> None:
+        row_bytes = k // 2
+        scale_k = k // 64
+        a16_ptr = cute.make_ptr(Float16, a16_base + self._a16_offset(sizes, group),
+                                cute.AddressSpace.gmem, assumed_align=16)
+        tensors = (
+            self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
+            cute.make_tensor(a16_ptr, cute.make_layout((m, k), stride=(k, 1))),
+            self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
+        )
+        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
+
+    @cute.jit
+    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                      total_tiles, bidx, grid, ct) -> None:
+        a16_layout = self._a16_layout()
+        a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
+        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                  for _ in range(2)]
+        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        num_kblocks = cute.size(frag_w[0], mode=[2])
+        packed_b = storage.packed_b.data_ptr().toint()
+        scale_b = storage.scale_b.data_ptr().toint()
+
+        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                               self.config.a_slots)
+        prev_slot = Int32(0)
+        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
+            scale_row0 = (tile_n_idx * self.tile_n) % 128
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.consumer_wait(b_state)
+                stage = b_state.index
+                if cutlass.const_expr(self.config.w_prefetch):
+                    stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+                    stage_s = scale_b + stage * self.sfb_stage_bytes
+                    loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
+                              for h in range(2)]
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    if cutlass.const_expr(self.config.w_prefetch):
+                        for h in cutlass.range_constexpr(2):
+                            self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
+                        if cutlass.const_expr(s + 1 < SUB_STEPS):
+                            # The next step's shared-memory words, issued before this step's
+                            # waits and wgmma so their latency is off the next step's chain.
+                            loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
+                                                        scale_row0) for h in range(2)]
+                    else:
+                        self._dequant_b_fragment(
+                            words_w[s % 2], ct, s,
+                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
+                    if s == SUB_STEPS - 1:
+                        b_pipe.consumer_release(b_state)  # the weights are in registers now
+                    a_pipe.consumer_wait(a_state)
+                    slot = a_state.index
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
+                                  frag_a[None, None, kb, slot], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    # The previous step's wgmma has retired: its A slot may be refilled. (The
+                    # first step of a tile has none: the tile end released it.)
+                    if cutlass.const_expr(s > 0):
+                        a_pipe.consumer_release(_Slot(prev_slot))
+                    else:
+                        if kt > 0:
+                            a_pipe.consumer_release(_Slot(prev_slot))
+                    prev_slot = slot
+                    a_state.advance()
+                b_state.advance()
+            warpgroup.wait_group(0)
+            a_pipe.consumer_release(_Slot(prev_slot))
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
