@@ -51,17 +51,27 @@ L2_BYTES = 50 * 2**20
 
 def time_graphs(graphs: list[torch.cuda.CUDAGraph], reps: int) -> float:
     """Median microseconds of one replay, rotating over the graphs (one per input set)."""
-    for g in graphs:
-        g.replay()
+    return time_interleaved([graphs], reps)[0]
+
+
+def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> list[float]:
+    """Median microseconds of one replay per variant (each a list of graphs, one per input
+    set), the variants' replays alternating: A/B comparisons then share the process, its
+    allocations and the GPU's clock and thermal state, which differ between processes by up
+    to 10% (bench/RESULTS.md, 2026-11-30)."""
+    for graphs in variants:
+        for g in graphs:
+            g.replay()
     torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(reps)] for _ in variants]
     for i in range(reps):
-        starts[i].record()
-        graphs[i % len(graphs)].replay()
-        ends[i].record()
+        for graphs, marks in zip(variants, events):
+            marks[i][0].record()
+            graphs[i % len(graphs)].replay()
+            marks[i][1].record()
     torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
+    return [statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3 for marks in events]
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:
@@ -163,6 +173,50 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
     return row
 
 
+def compare_set(ggs: list[runtime.GroupedGemm], name: str, groups: list, reps: int) -> dict:
+    """Our kernel from each artifact directory on the same inputs, timed interleaved; each
+    checked bit-exact on the last input set."""
+    set_bytes = sum(n * k // 2 + m * k // 2 for m, n, k in groups)
+    n_sets = min(16, max(4, math.ceil(3 * L2_BYTES / set_bytes)))
+    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", **EXACT_DATA)
+             for i in range(n_sets)]
+    outs = [[[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
+             for _ in probs] for _ in ggs]
+    graphs = [[capture(lambda gg=gg, p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
+               for p, o in zip(probs, outs[v])] for v, gg in enumerate(ggs)]
+    times = time_interleaved(graphs, reps)
+    ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
+    oks = []
+    for v in range(len(ggs)):
+        graphs[v][-1].replay()
+        torch.cuda.synchronize()
+        oks.append(all(torch.equal(o, r.half()) for o, r in zip(outs[v][-1], ref)))
+    return {"set": name, "us": times, "ok": oks}
+
+
+def compare(dirs: list[str], sets: list[str], reps: int, json_path: str | None) -> int:
+    """--compare: one row per set, one column per artifact directory, and each time relative to
+    the first directory's."""
+    ggs = [runtime.load(d) for d in dirs]
+    rows = []
+    for name in sets:
+        try:
+            rows.append(compare_set(ggs, name, SETS[name], reps))
+        except runtime.NoKernelError as exc:
+            print(f"  {name}: skipped, a directory has no kernel for it "
+                  f"({str(exc).splitlines()[0]})")
+    for i, d in enumerate(dirs):
+        print(f"[{i}] {d}")
+    print(f"{'set':12s} " + " ".join(f"{f'[{i}] us':>9s} {'x':>5s}" for i in range(len(dirs))))
+    for r in rows:
+        cells = [f"{t:9.1f} {r['us'][0] / t:5.2f}{'' if ok else ' WRONG'}"
+                 for t, ok in zip(r["us"], r["ok"])]
+        print(f"{r['set']:12s} " + " ".join(cells))
+    if json_path:
+        Path(json_path).write_text(json.dumps({"dirs": dirs, "rows": rows}, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default=str(ROOT / "artifacts"))
@@ -171,7 +225,12 @@ def main() -> int:
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--no-baselines", action="store_true", help="time only this project's kernel")
     ap.add_argument("--label", default="", help="printed with the table (e.g. a variant name)")
+    ap.add_argument("--compare", nargs="+", metavar="DIR",
+                    help="time our kernel from --artifacts and from each DIR on the same inputs, "
+                         "replays interleaved, instead of the baseline table")
     args = ap.parse_args()
+    if args.compare:
+        return compare([args.artifacts, *args.compare], args.sets, args.reps, args.json)
 
     gg = runtime.load(args.artifacts)
     ceilings = measure_ceilings()
