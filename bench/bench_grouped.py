@@ -104,29 +104,51 @@ def measure_ceilings() -> tuple[float, float]:
     return tflops, gbs
 
 
+def packed_bytes(groups: list) -> int:
+    """Bytes of one input set's packed A and B (scales aside)."""
+    return sum(n * k // 2 + m * k // 2 for m, n, k in groups)
+
+
+def input_sets(groups: list) -> list:
+    """Input sets for one benchmark set: enough (4..16) that the rotation does not sit in L2
+    (3x its bytes), with scales as in scripts/gpu_checks.py (fp32 sums exact, so the check can
+    be bit-exact)."""
+    n_sets = min(16, max(4, math.ceil(3 * L2_BYTES / packed_bytes(groups))))
+    return [make_grouped_problem(groups, seed=7 + i, device="cuda", **EXACT_DATA)
+            for i in range(n_sets)]
+
+
+def capture_ours(gg: runtime.GroupedGemm, probs: list, groups: list) -> tuple[list, list]:
+    """One graph per input set of our kernel from `gg`, and the outputs each one writes."""
+    outs = [[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
+            for _ in probs]
+    graphs = [capture(lambda p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
+              for p, o in zip(probs, outs)]
+    return graphs, outs
+
+
+def replayed_exact(graph: torch.cuda.CUDAGraph, outs: list, ref: list) -> bool:
+    """Replay `graph` and compare its outputs with fp16(float64 reference), bit for bit."""
+    graph.replay()
+    torch.cuda.synchronize()
+    return all(torch.equal(o, r.half()) for o, r in zip(outs, ref))
+
+
 def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceilings,
               baselines: bool = True) -> dict:
     tflops_peak, gbs = ceilings
     flops = sum(2 * m * n * k for m, n, k in groups)
     nvfp4_bytes = sum(m * k // 2 + n * k // 2 + (m + n) * k // 16 + 2 * m * n
                       for m, n, k in groups)
-    set_bytes = sum(n * k // 2 + m * k // 2 for m, n, k in groups)
-    n_sets = max(4, math.ceil(3 * L2_BYTES / set_bytes))
-    n_sets = min(n_sets, 16)
-    # Scales as in scripts/gpu_checks.py: fp32 sums are exact, so the check can be bit-exact.
-    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", **EXACT_DATA)
-             for i in range(n_sets)]
-    outs = [[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
-            for _ in probs]
-    ours = [capture(lambda p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
-            for p, o in zip(probs, outs)]
+    probs = input_sets(groups)
+    n_sets = len(probs)
+    ours, outs = capture_ours(gg, probs, groups)
     t_ours = time_graphs(ours, reps)
     # correctness on the timed inputs: the last replayed graph's buffers
     ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
-    ours[-1].replay()
-    torch.cuda.synchronize()
+    exact = replayed_exact(ours[-1], outs[-1], ref)
     ok, report = check_close(outs[-1], ref)
-    ok = ok and all(torch.equal(o, r.half()) for o, r in zip(outs[-1], ref))
+    ok = ok and exact
     del ours, ref
 
     floor_mma = flops / (tflops_peak * 1e6)
@@ -139,7 +161,7 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
         return row
     # Baselines on pre-dequantized bf16 tensors (dequantization itself is not timed).
     deq = []
-    for p in probs[: min(n_sets, 4 if set_bytes * 3.5 > L2_BYTES else n_sets)]:
+    for p in probs[: min(n_sets, 4 if packed_bytes(groups) * 3.5 > L2_BYTES else n_sets)]:
         xs = [dequantize_nvfp4(a, s).to(torch.bfloat16) for a, s in zip(p.a, p.sfa_plain)]
         ws = [dequantize_nvfp4(b, s).to(torch.bfloat16) for b, s in zip(p.b, p.sfb_plain)]
         deq.append((xs, ws))
@@ -176,21 +198,11 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
 def compare_set(ggs: list[runtime.GroupedGemm], name: str, groups: list, reps: int) -> dict:
     """Our kernel from each artifact directory on the same inputs, timed interleaved; each
     checked bit-exact on the last input set."""
-    set_bytes = sum(n * k // 2 + m * k // 2 for m, n, k in groups)
-    n_sets = min(16, max(4, math.ceil(3 * L2_BYTES / set_bytes)))
-    probs = [make_grouped_problem(groups, seed=7 + i, device="cuda", **EXACT_DATA)
-             for i in range(n_sets)]
-    outs = [[[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
-             for _ in probs] for _ in ggs]
-    graphs = [[capture(lambda gg=gg, p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
-               for p, o in zip(probs, outs[v])] for v, gg in enumerate(ggs)]
-    times = time_interleaved(graphs, reps)
+    probs = input_sets(groups)
+    captured = [capture_ours(gg, probs, groups) for gg in ggs]
+    times = time_interleaved([graphs for graphs, _ in captured], reps)
     ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
-    oks = []
-    for v in range(len(ggs)):
-        graphs[v][-1].replay()
-        torch.cuda.synchronize()
-        oks.append(all(torch.equal(o, r.half()) for o, r in zip(outs[v][-1], ref)))
+    oks = [replayed_exact(graphs[-1], outs[-1], ref) for graphs, outs in captured]
     return {"set": name, "us": times, "ok": oks}
 
 
