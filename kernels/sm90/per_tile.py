@@ -14,11 +14,12 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import FP16_BUFFERS, K_TILE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K
+from .config import FP16_BUFFERS, K_TILE, SCALE_STAGE_BYTES, SUB_K
 from .dequant import dequant_word, scale_pair
 from .fp4_bits import permuted_chunk
 from .ptx import (e4m3x2_to_f16x2, ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
                   st_shared_v2, st_shared_v4)
+from .smem_layout import scale_word_offset
 from .structure import OP_A, OP_B, OP_SFA, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS
 
 
@@ -208,8 +209,7 @@ class PerTileA:
         chunk = 2 * s + first_word // 4
         src = packed + r * PACKED_ROW_BYTES + ((chunk ^ (r % 8)) * 16) + (first_word % 4) * 4
         sr = scale_row0 + r
-        scale_at = (scales + s * SCALE_ATOM_BYTES + (sr % 32) * 16 + (sr // 32) * 4
-                    + first_word // 2)
+        scale_at = scale_word_offset(sr, s, 1, base=scales) + first_word // 2
         if cutlass.const_expr(words == 4):
             w = ld_shared_v4(src)
             s0, s1 = scale_pair(ld_shared_u16(scale_at))
