@@ -115,10 +115,8 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
         *_CONSUMER_SYNC,
     ],
     "sync_only": [
-        (STAGED, '''                        self._dequant_b_fragment(
-                            words_w[s % 2], ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
+        (STAGED, '''                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
+                                                 scale_row0)
 ''', "                        pass\n"),
         (STAGED, '''                    for kb in cutlass.range_constexpr(num_kblocks):
                         cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],

@@ -271,9 +271,9 @@ class StagedA:
             for kt in cutlass.range(k // K_TILE, unroll=1):
                 b_pipe.consumer_wait(b_state)
                 stage = b_state.index
+                stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+                stage_s = scale_b + stage * self.sfb_stage_bytes
                 if cutlass.const_expr(self.config.w_prefetch):
-                    stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-                    stage_s = scale_b + stage * self.sfb_stage_bytes
                     loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
                               for h in range(2)]
                 for s in cutlass.range_constexpr(SUB_STEPS):
@@ -286,10 +286,8 @@ class StagedA:
                             loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
                                                         scale_row0) for h in range(2)]
                     else:
-                        self._dequant_b_fragment(
-                            words_w[s % 2], ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * self.sfb_stage_bytes, scale_row0)
+                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
+                                                 scale_row0)
                     if s == SUB_STEPS - 1:
                         b_pipe.consumer_release(b_state)  # the weights are in registers now
                     a_pipe.consumer_wait(a_state)
