@@ -14,6 +14,12 @@ first three):
   half_a        the fp16 A TMA box has tile_m / 2 rows: the L2 traffic of a 2-CTA multicast
   compute_only  no TMA and no pipeline waits or releases: conversion and MMA on stale data
   sync_only     waits and releases only: no conversion, no MMA
+  phase1_only   no tiles: A staging, the grid barrier and the launch alone
+  stage_only    no tiles, no grid barrier: A staging and the launch
+  empty         no tiles, no barrier, no staging: the launch, setup and teardown
+  stage_nofence stage_only without the staging's closing proxy fence
+  stage_nostore stage_only without the staging's stores (loads and conversion kept)
+  nostore       the whole loop without the epilogue's C stores
 """
 
 from __future__ import annotations
@@ -76,6 +82,22 @@ _CONSUMER_SYNC = [
               "            a_pipe.consumer_release(_Slot(prev_slot))\n"),
      "            warpgroup.wait_group(0)\n"),
 ]
+# The head of each role's tile loop in staged.py.
+_PRODUCER_TILES = '''        desc_set = Int32(1)
+        tile = bidx
+        while tile < total_tiles:'''
+_CONSUMER_TILES = '''        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            tile_m_idx, tile_n_idx'''
+_STAGING = "        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)\n"
+_GRID_BARRIER = '''        if tidx == 0:
+            self._grid_barrier(ws_base, grid)
+'''
+_STAGING_END = '''            c += STAGE_UNROLL * stride
+        fence_proxy_async_global()
+'''
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
         (WEIGHTS, '''        d_lo = dequant_word_w(lo, both, 0)
@@ -113,6 +135,47 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
                 desc_set = 1 - desc_set
                 self._patch_descriptors_a16('''),
         *_CONSUMER_SYNC,
+    ],
+    # Staging, grid barrier and launch alone: neither role takes a tile.
+    "phase1_only": [
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+    ],
+    # phase1_only without the grid barrier (the barrier's cost), and without staging too
+    # (launch, setup and teardown alone).
+    "stage_only": [
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _GRID_BARRIER, ""),
+    ],
+    "empty": [
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _GRID_BARRIER, ""),
+        (STAGED, _STAGING, ""),
+    ],
+    # stage_only's staging without its closing proxy fence, or without its stores.
+    "stage_nofence": [
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _GRID_BARRIER, ""),
+        (STAGED, _STAGING_END, _STAGING_END.replace("        fence_proxy_async_global()\n", "")),
+    ],
+    "stage_nostore": [
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        (STAGED, _GRID_BARRIER, ""),
+        (STAGED, "                if c + u * stride < total:\n",
+         "                if c + u * stride < total and outs[0][0] == Uint32(0x12345678):\n"),
+    ],
+    # The whole loop, no C stores (the epilogue's cost).
+    "nostore": [
+        (STAGED, '''            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+''', '''            if acc[0] == Float32(1.2345):  # never: keeps the accumulator live
+                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+'''),
     ],
     "sync_only": [
         (STAGED, '''                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,

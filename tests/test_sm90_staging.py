@@ -36,3 +36,27 @@ def test_chunks_tile_their_source_and_output_exactly_once(m: int, k: int) -> Non
         dst_bytes.update(range(dst, dst + 64))
     assert src_bytes == set(range(m * k // 2))
     assert dst_bytes == set(range(m * k * 2))
+
+
+def test_pair_stores_write_both_chunks_in_whole_sectors() -> None:
+    """Two lanes (an even chunk and the next) exchange two vectors each and write both outputs
+    in four stores, each store filling whole 32-byte sectors (staging.PAIR_STORES)."""
+    from kernels.sm90.staging import PAIR_SEND, PAIR_STORES, pair_store_offset
+
+    own = [{f"v{q}": ("chunk", p, q) for q in range(4)} for p in range(2)]  # lane p's vectors
+    for p in range(2):  # what lane p receives is what its partner sends
+        for r in range(2):
+            own[p][f"r{r}"] = own[1 - p][PAIR_SEND[1 - p][r]]
+    memory = {}
+    for i in range(4):
+        written = []
+        for p in range(2):
+            offset, name = PAIR_STORES[p][i]
+            assert pair_store_offset(i, p) == offset
+            at = 64 * p + offset  # the pair's outputs: chunk 0 at bytes 0..63, chunk 1 at 64..127
+            assert at not in memory
+            memory[at] = own[p][name]
+            written.append(at)
+        assert min(written) % 32 == 0 and sorted(written) == [min(written), min(written) + 16]
+    # every 16 bytes hold the vector its chunk's own store order puts there
+    assert memory == {64 * p + 16 * q: ("chunk", p, q) for p in range(2) for q in range(4)}

@@ -22,8 +22,8 @@ from .dequant import dequant_word, scale_pair
 from .fp4_bits import permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, nanosleep, red_add_release_gpu_u32,
-                  st_global_v4, st_relaxed_gpu_u32)
-from .staging import A_CHUNK_K, chunk_addresses
+                  select_bits, st_global_v4, st_relaxed_gpu_u32)
+from .staging import A_CHUNK_K, PAIR_SEND, PAIR_STORES, chunk_addresses, pair_store_offset
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 
 # Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
@@ -120,7 +120,11 @@ class StagedA:
         count = Int32(0)
         offset = Int64(0)
         c = bidx * self.threads + tidx
-        while c < total:
+        # Pair stores (staging.PAIR_STORES): the odd lane of a pair takes `odd` = all ones.
+        odd = Uint32(0) - Uint32(tidx % 2)
+        # Warp-uniform trip count (the shuffles need the whole warp); a lane past the end loads
+        # a valid chunk and stores nothing, as in the last iteration.
+        while c - tidx % 32 < total:
             dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 # Past the end: load the last chunk again (valid memory), store nothing.
@@ -140,11 +144,21 @@ class StagedA:
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 s0, s1 = scale_pair(scales[u])
                 outs = [dequant_word(words[u][i], (s0, s0, s1, s1)[i]) for i in range(4)]
+                # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
+                vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
+                       for q in range(4)}
+                for r in cutlass.range_constexpr(2):
+                    even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]
+                    vec[f"r{r}"] = [cute.arch.shuffle_sync_bfly(
+                        select_bits(vec[odd_sends][w], vec[even_sends][w], odd), 1)
+                        for w in range(4)]
+                # Both lanes of a pair pass or fail this together: total is even.
                 if c + u * stride < total:
-                    for q in cutlass.range_constexpr(4):
-                        chunk, _ = permuted_chunk(0, q)
-                        st_global_v4(dsts[u] + chunk * 16, outs[0][q], outs[1][q], outs[2][q],
-                                     outs[3][q])
+                    for i in cutlass.range_constexpr(4):
+                        even_v, odd_v = PAIR_STORES[0][i][1], PAIR_STORES[1][i][1]
+                        st_global_v4(dsts[u] + Int64(pair_store_offset(i, tidx % 2)),
+                                     *[select_bits(vec[odd_v][w], vec[even_v][w], odd)
+                                       for w in range(4)])
             c += STAGE_UNROLL * stride
         fence_proxy_async_global()
 

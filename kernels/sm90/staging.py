@@ -34,3 +34,24 @@ def chunk_addresses(index: Any, first: Any, k: Any, bases: Any,
     a_base, sf_base, dst_base = bases()
     return (a_base + wide(row) * wide(k // 2) + kc * 16, sf_base + wide(sf),
             dst_base + wide(row) * wide(k * 2) + (kc // 2) * (SUB_K * 2) + (kc % 2) * 64)
+
+
+# Stores of one chunk's 64 fp16 bytes (four 16-byte vectors v0..v3 at offsets 0, 16, 32, 48),
+# shared by the two lanes of a pair (lane parity p; the even lane holds an even chunk, the odd
+# lane the next one, whose output follows it). Storing its own four vectors, each lane would
+# fill half of a 32-byte sector per store instruction; a partly written sector that is not in
+# L2 costs a DRAM read before the write (measured: 11.4 us of moe_gateup's 23.8 us staging,
+# bench/RESULTS.md 2026-11-30). Instead each lane sends two vectors to its partner
+# (PAIR_SEND[p]: the partner receives them as r0, r1) and store i of the pair writes one whole
+# sector: the even lane the first half, the odd lane the second.
+PAIR_SEND = (("v1", "v3"), ("v0", "v2"))  # what lane p sends (as r0, r1)
+PAIR_STORES = (  # per lane parity: (offset from the lane's own output, vector) per store
+    ((0, "v0"), (32, "v2"), (64, "r0"), (96, "r1")),
+    ((-48, "r0"), (-16, "r1"), (16, "v1"), (48, "v3")),
+)
+
+
+def pair_store_offset(i: int, p: Any) -> Any:
+    """Byte offset of store i of lane parity p from the lane's own chunk output (PAIR_STORES,
+    one formula for both parities, as the kernel computes it)."""
+    return 64 * (i // 2) + 32 * (i % 2) - 48 * p
