@@ -58,9 +58,7 @@ def smem_bytes(config: Config) -> int:
     if config.a_fp16:
         b_stage = (config.tile_n * (K_TILE // 2)
                    + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES)
-        # The epilogue's per-warp transpose buffers (epilogue.py): 512 bytes per consumer warp.
-        return (1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
-                + config.tile_n // 64 * 4 * 512)
+        return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * SCALE_STAGE_BYTES
     fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)

@@ -64,7 +64,6 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      Config, check, scale_blocks, smem_bytes)
-from .epilogue import EPILOGUE_BYTES_PER_WARP, VectorStores
 from .fp4_bits import W_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
@@ -79,7 +78,7 @@ _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 
 
-class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments, VectorStores):
+class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -191,7 +190,6 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments, VectorStores):
             a_slots = self.config.a_slots
             a16_elems = cute.cosize(self._a16_layout())
             sfb_stage_bytes = self.sfb_stage_bytes
-            epilogue_bytes = self.consumer_threads // 32 * EPILOGUE_BYTES_PER_WARP
 
             @cute.struct
             class SharedStorageA16:
@@ -202,7 +200,6 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments, VectorStores):
                 scale_b: cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
                 a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
-                epilogue: cute.struct.Align[cute.struct.MemRange[Uint8, epilogue_bytes], 128]
 
             self.shared_storage = SharedStorageA16
         self.smem_bytes = self.shared_storage.size_in_bytes()

@@ -223,29 +223,3 @@ def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any =
 @dsl_user_op
 def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
     _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip)
-
-
-@dsl_user_op
-def stmatrix_x4_trans(addr: Any, r0: Any, r1: Any, r2: Any, r3: Any, *, loc: Any = None,
-                      ip: Any = None) -> None:
-    """Four 8x8 b16 matrices (register i of every lane holds matrix i in the mma fragment
-    layout) stored transposed: row k of matrix i (16 bytes) at the shared address lane 8i + k
-    gives."""
-    _asm("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], {$1, $2, $3, $4};",
-         "r,r,r,r,r", [_ir(addr, loc, ip)] + [_ir(x, loc, ip) for x in (r0, r1, r2, r3)],
-         loc, ip)
-
-
-@dsl_user_op
-def pack_f16x2(lo: Any, hi: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
-    """Two fp32 values rounded to fp16, `lo` in the low half."""
-    from cutlass import Float32
-
-    out = llvm.inline_asm(
-        T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-        "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f",
-        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return Uint32(out)
-

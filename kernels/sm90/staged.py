@@ -264,10 +264,10 @@ class StagedA:
         words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
         num_kblocks = cute.size(frag_w[0], mode=[2])
         packed_b = storage.packed_b.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
-        epilogue = storage.epilogue.data_ptr().toint()
 
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -324,6 +324,6 @@ class StagedA:
                 b_state.advance()
             warpgroup.wait_group(0)
             a_pipe.consumer_release(_Slot(prev_slot))
-            self._store_tile_vec(acc, ptrs[group, tables.PTR_C], m, n, tile_m_idx * self.tile_m,
-                                 tile_n_idx * self.tile_n, ct, epilogue)
+            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
             tile += grid
