@@ -47,6 +47,8 @@ SETS = {
 }
 BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
 L2_BYTES = 50 * 2**20
+# GPU spin before every HOLD_BLOCK timed iterations: ~100 us per replay to enqueue, at ~2 GHz.
+HOLD_BLOCK, HOLD_CYCLES_PER_REPLAY = 16, 200_000
 
 
 def time_graphs(graphs: list[torch.cuda.CUDAGraph], reps: int) -> float:
@@ -66,7 +68,14 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                for _ in range(reps)] for _ in variants]
     for i in range(reps):
-        for graphs, marks in zip(variants, events):
+        if i % HOLD_BLOCK == 0:
+            # Keep the GPU busy while the next block is enqueued: a graph shorter than the
+            # CPU's ~10 us per replay would otherwise time the CPU (measured: a one-element
+            # torch kernel "took" 9 us, bench/RESULTS.md 2026-11-30).
+            torch.cuda._sleep(HOLD_CYCLES_PER_REPLAY * HOLD_BLOCK * len(variants))
+        # Each variant leads in turn, so none always takes the first replay after a hold.
+        for j in range(len(variants)):
+            graphs, marks = variants[(i + j) % len(variants)], events[(i + j) % len(variants)]
             marks[i][0].record()
             graphs[i % len(graphs)].replay()
             marks[i][1].record()

@@ -47,13 +47,21 @@ def test_variants_alternate_and_keep_their_own_times(monkeypatch: pytest.MonkeyP
     FakeEvent.clock = clock
     monkeypatch.setattr(bench_grouped.torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(bench_grouped.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench_grouped.torch.cuda, "_sleep",
+                        lambda cycles: clock.log.append(f"sleep {cycles}"))
+    monkeypatch.setattr(bench_grouped, "HOLD_BLOCK", 2)
     a = [FakeGraph(clock, "a0", 0.010), FakeGraph(clock, "a1", 0.030)]  # two input sets
     b = [FakeGraph(clock, "b0", 0.020)]
     assert bench_grouped.time_interleaved([a, b], reps=5) == pytest.approx([10.0, 20.0])
     # warm-up replays every graph once, then the variants alternate rep by rep, and each
     # variant rotates over its own input sets
-    assert clock.log == ["a0", "a1", "b0", "a0", "b0", "a1", "b0", "a0", "b0", "a1", "b0",
-                         "a0", "b0"]
+    # variant rotates over its own input sets; a GPU spin (outside the timed events) holds
+    # the GPU before every HOLD_BLOCK iterations, long enough for their replays
+    hold = f"sleep {bench_grouped.HOLD_CYCLES_PER_REPLAY * 2 * 2}"
+    # (the variants take turns at leading an iteration)
+    assert clock.log == ["a0", "a1", "b0", hold, "a0", "b0", "b0", "a1", hold, "a0", "b0",
+                         "b0", "a1", hold, "a0", "b0"]
     clock.log.clear()
     assert bench_grouped.time_graphs(a, reps=3) == pytest.approx(10.0)  # median of 10, 30, 10
-    assert clock.log == ["a0", "a1", "a0", "a1", "a0"]
+    hold = f"sleep {bench_grouped.HOLD_CYCLES_PER_REPLAY * 2}"
+    assert clock.log == ["a0", "a1", hold, "a0", "a1", hold, "a0"]
