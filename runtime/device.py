@@ -359,35 +359,25 @@ class DeviceRuntime:
 
     def _launch_captured(self, dp: DevicePlan, stream: int, ptrs: tuple[int, ...],
                          check_inputs: Callable[[], None] | None) -> None:
-        """Under stream capture: tables and workspace come from the graph (never the cached
-        tables, whose upload events live outside it, nor the per-stream workspace, which a
-        replay on another stream could overlap)."""
+        """Under stream capture: the tables are written now into memory the graph keeps (never
+        the cached tables, whose upload events live outside it), and the workspace comes from
+        the graph's pool (never the per-stream workspace, which a replay on another stream
+        could overlap). The graph gets the kernel node, and a memset node only for a kernel
+        whose workspace starts with a header that must be zero (each node costs every
+        replay microseconds)."""
         if check_inputs is not None:
             check_inputs()
         plan = dp.plan
-        # One graph allocation [pointer table | plan tables | workspace] and ONE copy node that
-        # writes both tables and the zeroed workspace header: each extra node (a second copy,
-        # a memset) costs microseconds of every replay.
-        image, tables_at, workspace_at = captured_image(
-            pointer_table_bytes(plan, dp.rows(ptrs)), plan.plan_tables, dp.workspace_header)
-        buf = device_tables.upload_captured(image, self.torch_device, stream, self._arena,
-                                            self.device, workspace_at + dp.workspace_bytes)
-        base = buf.data_ptr()
+        image, (_, tables_at) = pack_aligned(pointer_table_bytes(plan, dp.rows(ptrs)),
+                                             plan.plan_tables)
+        base = self._arena.store(image, self.device)
+        ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
+        if dp.workspace_header:
+            device_tables.zero_captured(ws.data_ptr(), dp.workspace_header, stream)
         slot = dp.slot()
-        slot.set(base, base + tables_at, plan.cta_prefix_offset, base + workspace_at)
+        slot.set(base, base + tables_at, plan.cta_prefix_offset, ws.data_ptr())
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
         # Graph-owned addresses: the next eager launch must write its own again.
         slot.pointers = slot.tables = slot.workspace = None
-        del buf  # only now may the allocator recycle it (stream-ordered)
-
-
-def captured_image(pointer_table: bytes, plan_tables: bytes,
-                   header: int) -> tuple[bytes, int, int]:
-    """The bytes a captured launch uploads in one copy, and where the plan tables and the
-    workspace start in its allocation: the pointer table, the plan tables and the workspace
-    each begin on a TABLE_ALIGN boundary (the tensormap workspace's alignment), and the image
-    ends with the workspace's `header` bytes, zeroed (a kernel with a grid barrier needs them
-    zero before its first launch; it leaves them zero)."""
-    image, (_, tables_at, workspace_at) = pack_aligned(pointer_table, plan_tables, bytes(header))
-    return image, tables_at, workspace_at
+        del ws  # only now may the allocator recycle it (stream-ordered)

@@ -490,7 +490,7 @@ def dev(monkeypatch: pytest.MonkeyPatch):
     rt._plans = device_tables.LruCache(8)
     rt._pointers = device_tables.LruCache(8)
     rt._lock = threading.Lock()
-    rt._arena = None  # only handed to upload_captured, which the capture test fakes
+    rt._arena = None  # used only under capture, whose tests give it a FakeArena
     rt._workspaces = {}
     rt.stream = 7
     rt._stream = lambda ordinal: rt.stream
@@ -555,15 +555,42 @@ def test_launch_cached_needs_a_validated_pointer_set(dev) -> None:
     assert dev.rt.launch_cached(dp, ptrs[::-1]) is False
 
 
-def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatch) -> None:
-    captured = []
+class FakeArena:
+    """CaptureArena stand-in: persistent images at fake device addresses."""
 
-    def upload_captured(image, device, stream, arena, dev_, nbytes=None):
-        t = torch.empty(nbytes, dtype=torch.uint8)
-        captured.append((image, t))
+    def __init__(self) -> None:
+        self.images: dict[int, bytes] = {}
+
+    def store(self, image: bytes, dev) -> int:
+        address = 0x7000_0000 + 0x1000 * len(self.images)
+        self.images[address] = image
+        return address
+
+
+def captured_launch(dev, monkeypatch, dp, ptrs, checks):
+    """Launch `dp` as under graph capture; returns (kernel slots, arena, memsets, workspace)."""
+    memsets, workspaces = [], []
+    real_empty = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        workspaces.append(t)
         return t
 
-    monkeypatch.setattr(device_tables, "upload_captured", upload_captured)
+    monkeypatch.setattr(device_tables, "zero_captured",
+                        lambda address, nbytes, stream: memsets.append((address, nbytes, stream)))
+    monkeypatch.setattr(dev.mod.torch, "empty", empty)
+    monkeypatch.setattr(dev.mod.launch, "launch",
+                        lambda f, config, stream, kp: dev.drv.cuLaunchKernelEx(
+                            types.SimpleNamespace(hStream=stream), f, kp, 0))
+    dev.rt._arena = FakeArena()
+    dev.drv.capturing = True
+    dev.rt.launch(dp, ptrs, lambda: checks.append(1))
+    monkeypatch.setattr(dev.mod.torch, "empty", real_empty)
+    return slots(dev.drv.launches[-1][1]), dev.rt._arena, memsets, workspaces
+
+
+def test_capture_uses_persistent_tables_and_a_graph_workspace(dev, monkeypatch) -> None:
     monkeypatch.setattr(dev.mod.launch, "launch",
                         lambda f, config, stream, kp: dev.drv.cuLaunchKernelEx(
                             types.SimpleNamespace(hStream=stream), f, kp, 0))
@@ -574,39 +601,31 @@ def test_capture_uses_graph_allocations_not_the_stream_workspace(dev, monkeypatc
     dev.drv.capturing = True
     assert dev.rt.launch_cached(dp, ptrs) is False  # the hot path never launches in capture
     checks = []
-    dev.rt.launch(dp, ptrs, lambda: checks.append(1))
-    pointers, ws, sizes, prefix = slots(dev.drv.launches[-1][1])
+    (pointers, ws, sizes, prefix), arena, memsets, workspaces = captured_launch(
+        dev, monkeypatch, dp, ptrs, checks)
     assert checks == [1]  # inside a capture the pointer checks always run
     assert ws != eager_ws and dev.rt._workspaces[(7, 0)][2] == eager_ws
-    # One graph allocation and one upload: pointer table at 0, the plan tables and the
-    # workspace each on the next 128-byte boundary.
-    [(image, buf)] = captured
-    base = buf.data_ptr()
+    # One persistent image written at capture time: the pointer table at its start, the plan
+    # tables on the next 128-byte boundary; no graph node for either.
+    [(base, image)] = arena.images.items()
     pointer_table = struct.pack("<10q", *dp.rows(ptrs))
-    tables = dp.plan.plan_tables
     assert (pointers, sizes, prefix) == (base, base + 128, base + 128 + 128)
-    assert ws == base + 128 + -(-len(tables) // 128) * 128
-    assert buf.numel() == ws - base + dp.workspace_bytes
-    assert image[:len(pointer_table)] == pointer_table and image[128:128 + len(tables)] == tables
-    assert len(image) == ws - base  # this kernel has no header: nothing of the workspace
+    assert image == pointer_table.ljust(128, b"\0") + dp.plan.plan_tables
+    # The workspace is a fresh allocation (the graph's pool) of the plan's size, and this
+    # kernel has no header: no memset node either.
+    [w] = workspaces
+    assert ws == w.data_ptr() and w.numel() == dp.workspace_bytes
+    assert memsets == []
 
 
-def test_pack_aligned_starts_every_part_on_a_table_boundary() -> None:
-    from runtime.plan import pack_aligned
-
-    assert pack_aligned(b"\x01" * 3, b"", b"\x02" * 129, b"\x03") == (
-        b"\x01" * 3 + bytes(125) + b"\x02" * 129 + bytes(127) + b"\x03", (0, 128, 128, 384))
-    assert pack_aligned() == (b"", ())
-
-
-def test_captured_image_zeroes_the_workspace_header() -> None:
-    from runtime.device import captured_image
-
-    image, tables_at, workspace_at = captured_image(b"\x11" * 80, b"\x22" * 300, 128)
-    assert (tables_at, workspace_at) == (128, 512)
-    assert image == (b"\x11" * 80 + bytes(48) + b"\x22" * 300 + bytes(84) + bytes(128))
-    image, tables_at, workspace_at = captured_image(b"\x11" * 128, b"\x22" * 256, 0)
-    assert (tables_at, workspace_at, image) == (128, 384, b"\x11" * 128 + b"\x22" * 256)
+def test_capture_zeroes_a_workspace_header_with_one_memset(dev, monkeypatch) -> None:
+    dp = dev.mod.DevicePlan(make_plan(staged_entry(), ((192, 3072, 4096), (320, 3072, 4096)),
+                                      132), dev.prepared)
+    assert dp.workspace_header == 128
+    (_, ws, _, _), _, memsets, workspaces = captured_launch(dev, monkeypatch, dp,
+                                                             tuple(range(10)), [])
+    assert memsets == [(ws, 128, 7)]  # on the capturing stream, before the kernel
+    assert workspaces[0].numel() == dp.workspace_bytes
 
 
 def test_launch_switches_to_the_device_context_and_back(dev) -> None:
