@@ -83,7 +83,7 @@ _CONSUMER_SYNC = [
      "            warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
-_PRODUCER_TILES = '''        desc_set = Int32(1)
+_PRODUCER_TILES = '''        desc_set = Int32(0)
         tile = bidx
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        group = Int32(0)
@@ -91,8 +91,11 @@ _CONSUMER_TILES = '''        group = Int32(0)
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx'''
-_STAGING = "        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)\n"
-_GRID_BARRIER = '''        if tidx == 0:
+_STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
+# The producer's weight loads before the grid barrier (first tile): off whenever it takes no tile.
+_PREFETCH = "        if bidx < total_tiles:\n            group, _, _, k = self._group_of("
+_NO_PREFETCH = (STAGED, _PREFETCH, _PREFETCH.replace("bidx < total_tiles", "bidx < 0"))
+_GRID_BARRIER = '''        if tidx == 32:
             self._grid_barrier(ws_base, grid)
 '''
 _STAGING_END = '''            c += STAGE_UNROLL * stride
@@ -120,49 +123,42 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     # The producer takes no tile (its tail then waits on nothing) and the consumers neither
     # wait nor release, so no mbarrier phase can fall out of step.
     "compute_only": [
-        (STAGED, '''        desc_set = Int32(1)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            if group != prev_group:
-                desc_set = 1 - desc_set
-                self._patch_descriptors_a16(''',
-         '''        desc_set = Int32(1)
-        tile = total_tiles
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            if group != prev_group:
-                desc_set = 1 - desc_set
-                self._patch_descriptors_a16('''),
+        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         *_CONSUMER_SYNC,
     ],
     # Staging, grid barrier and launch alone: neither role takes a tile.
     "phase1_only": [
         (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
     ],
     # phase1_only without the grid barrier (the barrier's cost), and without staging too
     # (launch, setup and teardown alone).
     "stage_only": [
         (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
         (STAGED, _GRID_BARRIER, ""),
     ],
     "empty": [
         (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
         (STAGED, _GRID_BARRIER, ""),
-        (STAGED, _STAGING, ""),
+        (STAGED, _STAGING, "            pass\n"),
     ],
     # stage_only's staging without its closing proxy fence, or without its stores.
     "stage_nofence": [
         (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
         (STAGED, _GRID_BARRIER, ""),
         (STAGED, _STAGING_END, _STAGING_END.replace("        fence_proxy_async_global()\n", "")),
     ],
     "stage_nostore": [
         (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
+        _NO_PREFETCH,
         (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
         (STAGED, _GRID_BARRIER, ""),
         (STAGED, "                if c + u * stride < total:\n",

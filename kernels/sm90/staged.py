@@ -67,9 +67,14 @@ class StagedA:
         a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
                                                     * tma.TENSORMAP_BYTES)
 
-        self._stage_a(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid)
+        desc_base = ws_base + HEADER_BYTES
+        if warp_idx == 0:
+            self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
+                                    prefix, desc_base, a16_base, total_tiles, bidx)
+        else:
+            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
-        if tidx == 0:
+        if tidx == 32:
             self._grid_barrier(ws_base, grid)
         cute.arch.barrier()
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
@@ -77,7 +82,7 @@ class StagedA:
 
         # Each role is called from two places below: its arguments, written once.
         producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                         ws_base + HEADER_BYTES, a16_base, total_tiles, bidx, grid)
+                         desc_base, a16_base, total_tiles, bidx, grid)
         consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
         rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
         if cutlass.const_expr(rebalance):
@@ -99,7 +104,8 @@ class StagedA:
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
-        """Convert every group's A to fp16 at a16_base (groups back to back, rows of k). Each
+        """Convert every group's A to fp16 at a16_base (groups back to back, rows of k), by
+        every thread but warp 0's (`tidx` counts from the first staging thread). Each
         thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
         them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
         lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
@@ -108,7 +114,8 @@ class StagedA:
         handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
         conversion, and the phase is one memory round trip per thread for calls of up to
         STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
-        stride = grid * self.threads
+        stagers = self.threads - 32  # warp 0 runs _producer_prologue meanwhile
+        stride = grid * stagers
         total = Int32(0)
         for g in cutlass.range(num_groups, unroll=1):
             total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
@@ -119,7 +126,7 @@ class StagedA:
         first = Int32(0)
         count = Int32(0)
         offset = Int64(0)
-        c = bidx * self.threads + tidx
+        c = bidx * stagers + tidx
         # Pair stores (staging.PAIR_STORES): the odd lane of a pair takes `odd` = all ones.
         odd = Uint32(0) - Uint32(tidx % 2)
         # Warp-uniform trip count (the shuffles need the whole warp); a lane past the end loads
@@ -188,21 +195,81 @@ class StagedA:
         return offset
 
     @cute.jit
-    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+    def _first_tile_prefetch(self, sizes, prefix, total_tiles, bidx) -> tuple:
+        """(group, weight stages) of this CTA's first tile that _producer_prologue loads before
+        the grid barrier: the weights do not depend on phase 1. (-1, 0) without a tile."""
+        group = Int32(-1)
+        pre = Int32(0)
+        if bidx < total_tiles:
+            group, _, _, k = self._group_of(bidx, Int32(0), prefix, sizes)
+            pre = cutlass.min(Int32(self.stages), k // K_TILE)
+        return group, pre
+
+    @cute.jit
+    def _producer_prologue(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
+                           desc_base, a16_base, total_tiles, bidx) -> None:
+        """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
+        group, and that tile's first weight stages in flight while the other warps stage A."""
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(atoms, ws, bidx)
+        group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        if pre > 0:
+            _, m, n, k = self._group_of(bidx, group, prefix, sizes)
+            self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
+                                        m, n, k)
+            _, tile_n_idx = self._tile_coords(bidx, group, prefix, m)
+            b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
+                                                   self.stages)
+            for kt in cutlass.range(pre, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, tma.descriptor_ptr(ws, bidx, 0, OP_B),
+                                tma.descriptor_ptr(ws, bidx, 0, OP_SFB), storage, kt,
+                                tile_n_idx * self.tile_n)
 
-        packed_b = storage.packed_b.data_ptr()
-        scale_b = storage.scale_b.data_ptr()
+    @cute.jit
+    def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b) -> Any:
+        """One weight stage (packed rows and their scales) into the next b_pipe slot; returns
+        the advanced state (the caller rebinds it: the DSL threads loop-carried state through
+        plain local variables, not through attributes a helper changes)."""
+        b_pipe.producer_acquire(b_state)
+        bar = b_pipe.producer_get_barrier(b_state)
+        stage = b_state.index
+        tma.tma_load(d_b, storage.packed_b.data_ptr() + stage * (self.tile_n * PACKED_ROW_BYTES),
+                     bar, (kt * PACKED_ROW_BYTES, row_b))
+        tma.tma_load(d_sfb, storage.scale_b.data_ptr() + stage * self.sfb_stage_bytes,
+                     bar, (0, kt * SCALE_BOX[1], row_b // 128))
+        b_pipe.producer_commit(b_state)
+        b_state.advance()
+        return b_state
+
+    @cute.jit
+    def _produce_a(self, a_pipe, a_state, d_a, storage, kt, row_a) -> Any:
+        """The fp16 A tiles of one stage's K (SUB_STEPS slots of the A ring); returns the
+        advanced state, as _produce_b."""
         a16 = storage.a16.data_ptr()
+        for s in cutlass.range_constexpr(SUB_STEPS):
+            a_pipe.producer_acquire(a_state)
+            tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
+                         a_pipe.producer_get_barrier(a_state), (kt * K_TILE + s * SUB_K, row_a))
+            a_pipe.producer_commit(a_state)
+            a_state.advance()
+        return a_state
+
+    @cute.jit
+    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+        """After the grid barrier; _producer_prologue has copied the templates and loaded the
+        first tile's first `pre` weight stages with descriptor set 0."""
+        atoms = (tma_b, tma_a16, tma_sfb)
+        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.config.a_slots)
+        prev_group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        for _ in cutlass.range(pre, unroll=1):
+            b_state.advance()
         group = Int32(0)
-        prev_group = Int32(-1)
-        desc_set = Int32(1)
+        desc_set = Int32(0)
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -217,23 +284,12 @@ class StagedA:
             d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.producer_acquire(b_state)
-                bar = b_pipe.producer_get_barrier(b_state)
-                stage = b_state.index
-                tma.tma_load(d_b, packed_b + stage * (self.tile_n * PACKED_ROW_BYTES), bar,
-                             (kt * PACKED_ROW_BYTES, row_b))
-                tma.tma_load(d_sfb, scale_b + stage * self.sfb_stage_bytes,
-                             bar, (0, kt * SCALE_BOX[1], row_b // 128))
-                b_pipe.producer_commit(b_state)
-                b_state.advance()
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    a_pipe.producer_acquire(a_state)
-                    tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
-                                 a_pipe.producer_get_barrier(a_state),
-                                 (kt * K_TILE + s * SUB_K, row_a))
-                    a_pipe.producer_commit(a_state)
-                    a_state.advance()
+            for kt in cutlass.range(pre, unroll=1):  # weights already loaded (first tile)
+                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            for kt in cutlass.range(pre, k // K_TILE, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
+                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
