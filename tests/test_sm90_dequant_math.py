@@ -1,8 +1,9 @@
 """The sm90 kernel's fp4 -> fp16 bit recipe, emulated exactly on the CPU (no DSL needed).
 
 The device code in kernels/sm90/dequant.py is built from the constants tested here; this checks
-that LUT bytes, PRMT selectors and sign shifts reproduce value * scale for every e2m1 code, every
-position in a word, and every finite e4m3 scale, including the documented K-pair permutation.
+that its shifts, LOP3 masks and PRMT selectors reproduce value * scale * 2^-7 for every e2m1
+code, every position in a word, and every finite e4m3 scale, including the documented K-pair
+permutation, and that products of two such operands unscale exactly in fp32.
 """
 
 import struct
@@ -43,20 +44,6 @@ def mul_f16x2(a: int, b: int) -> int:
     return int(p[0]) | (int(p[1]) << 16)
 
 
-def dequant_word(w: int, scale2: int) -> list[int]:
-    from kernels.sm90.fp4_bits import LUT_HI, LUT_LO, PAIR_SELECTORS, SIGN_BITS
-
-    mags = w & 0x77777777
-    lo = prmt(LUT_LO, LUT_HI, mags)
-    hi = prmt(LUT_LO, LUT_HI, mags >> 16)
-    out = []
-    for i in range(4):
-        pair = prmt(lo, hi, PAIR_SELECTORS[i])
-        signs = (w << (12 - 4 * i)) & 0xFFFFFFFF if i < 3 else w
-        out.append(mul_f16x2(pair | (signs & SIGN_BITS), scale2))
-    return out
-
-
 def e4m3_values() -> list[tuple[int, float]]:
     codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     return [(c, float(v)) for c, v in enumerate(codes.tolist()) if math.isfinite(v)]
@@ -65,33 +52,6 @@ def e4m3_values() -> list[tuple[int, float]]:
 def splat(scale: float) -> int:
     h = int(torch.tensor([scale], dtype=torch.float16).view(torch.int16)) & 0xFFFF
     return h | (h << 16)
-
-
-def test_every_code_at_every_position_unit_scale() -> None:
-    one = splat(1.0)
-    for pos in range(8):
-        for code in range(16):
-            w = code << (4 * pos)
-            vals = [v for word in dequant_word(w, one) for v in f16x2(word)]
-            # output order: pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7)
-            order = [0, 4, 1, 5, 2, 6, 3, 7]
-            expect = [E2M1_VALUES[code] if order[i] == pos else 0.0 for i in range(8)]
-            assert vals == expect, (pos, code, vals)
-            if code == 8:  # -0.0 keeps its sign
-                assert math.copysign(1.0, vals[order.index(pos)]) == -1.0
-
-
-def test_every_code_times_every_finite_e4m3_scale_is_exact() -> None:
-    for _, scale in e4m3_values():
-        s2 = splat(scale)
-        w = 0x76543210  # codes 0..7 at positions 0..7
-        got = [v for word in dequant_word(w, s2) for v in f16x2(word)]
-        want = [E2M1_VALUES[c] * scale for c in (0, 4, 1, 5, 2, 6, 3, 7)]
-        assert got == want, scale
-        w = 0xFEDCBA98  # codes 8..15 (negative)
-        got = [v for word in dequant_word(w, s2) for v in f16x2(word)]
-        want = [E2M1_VALUES[c] * scale for c in (8, 12, 9, 13, 10, 14, 11, 15)]
-        assert got == want, scale
 
 
 def test_e4m3_to_fp16_is_exact() -> None:
@@ -131,7 +91,7 @@ def test_shift_form_every_code_at_every_position() -> None:
     from kernels.sm90.fp4_bits import W_SCALE_EXP
 
     scales = scales_w(1.0, 1.0)
-    order = [0, 4, 1, 5, 2, 6, 3, 7]  # the same pair order as dequant_word
+    order = [0, 4, 1, 5, 2, 6, 3, 7]  # output pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7)
     for pos in range(8):
         for code in range(16):
             w = code << (4 * pos)
@@ -163,3 +123,38 @@ def test_shift_form_constants() -> None:
     assert 448.0 * 2 ** W_SCALE_EXP <= 65504.0  # the largest scaled scale is a finite fp16
     assert W_UNSCALE * 2.0 ** (W_SCALE_EXP - 14) == 1.0
     assert f16x2(W_SCALE_F16X2) == (2.0 ** W_SCALE_EXP, 2.0 ** W_SCALE_EXP)
+
+
+def test_products_of_two_scaled_operands_unscale_exactly_in_fp32() -> None:
+    """Both operands carry 2^-7 (A staged or converted per tile, B in registers): every product
+    of two recipe outputs, accumulated in fp32 and multiplied by ACC_UNSCALE, equals the
+    unscaled product, from the smallest to the largest magnitudes."""
+    from kernels.sm90.fp4_bits import ACC_UNSCALE
+
+    scales = sorted({abs(v) for _, v in e4m3_values() if v != 0})
+    picks = [scales[0], scales[1], 1.0, scales[-2], scales[-1]]
+    outs = []
+    for scale in picks:
+        for w in (0x76543210, 0xFEDCBA98):
+            outs += [v for word in dequant_word_w(w, scales_w(scale, scale), 0)
+                     for v in f16x2(word)]
+    exact = [v for v in outs if v != 0.0]
+    a = torch.tensor(exact, dtype=torch.float32)
+    prods = torch.outer(a, a)
+    assert float(prods.abs().min()) == 2.0 ** -34  # (0.5 * 2^-9 * 2^-7)^2: no fp32 subnormal
+    from kernels.sm90.fp4_bits import W_UNSCALE
+
+    values = a.double() * W_UNSCALE  # value * scale of each operand (the recipe undone)
+    assert torch.equal((prods * ACC_UNSCALE).double(), torch.outer(values, values))
+    # A power-of-two scale commutes with fp32 rounding: summing the scaled products in any
+    # order and unscaling gives bit for bit the fp32 sum of the unscaled products.
+    unscaled = (prods.double() * ACC_UNSCALE).float()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        order = torch.randperm(prods.numel(), generator=gen)[:512]
+        acc_scaled = acc_plain = torch.zeros((), dtype=torch.float32)
+        for i in order.tolist():
+            acc_scaled = acc_scaled + prods.view(-1)[i]
+            acc_plain = acc_plain + unscaled.view(-1)[i]
+        assert float(acc_scaled * ACC_UNSCALE) == float(acc_plain)
+    assert ACC_UNSCALE == 2.0 ** 14

@@ -1,22 +1,16 @@
 """Bit constants of the e2m1 -> fp16 recipe (no DSL import, so CPU tests can check them)."""
 
-# fp16 high bytes of the e2m1 magnitudes: codes 0..3 = 0, 0.5, 1, 1.5 and 4..7 = 2, 3, 4, 6.
-LUT_LO = 0x3E3C3800
-LUT_HI = 0x46444240
-# Output pair i = [zero, h_i, zero, h_{i+4}] from the 8 looked-up bytes {hi, lo}.
-PAIR_SELECTORS = (0x4808, 0x5818, 0x6828, 0x7838)
-SIGN_BITS = 0x80008000
-
-# The weight recipe (dequant.dequant_word_w), shift form: an e2m1 code s e1 e0 m becomes the fp16
-# high byte s000 e1 e0 m0, i.e. the fp16 value * 2^-14 (exact, subnormal for e = 0). Two LOP3
-# build those bytes for the even codes (n0, n2, n4, n6) and the odd codes of a word, each taking
-# bits 1..3 of each byte from a shifted copy of the word and bit 7 from the sign bits W_SIGNS;
-# a PRMT against zero then places two bytes as one fp16x2 pair.
+# The recipe (dequant.dequant_word_w, both operands), shift form: an e2m1 code s e1 e0 m
+# becomes the fp16 high byte s000 e1 e0 m0, i.e. the fp16 value * 2^-14 (exact, subnormal for
+# e = 0). Two LOP3 build those bytes for the even codes (n0, n2, n4, n6) and the odd codes of a
+# word, each taking bits 1..3 of each byte from a shifted copy of the word and bit 7 from the
+# sign bits W_SIGNS; a PRMT against zero then places two bytes as one fp16x2 pair.
 W_SIGNS = 0x88888888
 W_MAG_BITS = 0x0E0E0E0E
 W_PAIR_SELECTORS = (0x2404, 0x3414)  # bytes 0, 2 and bytes 1, 3 as the high bytes of a pair
 # Output pair q (n_q, n_{q+4}) of a word = (source, selector): source 0 holds the even codes
-# (n0, n2, n4, n6 in bytes 0..3), source 1 the odd codes; the same pair order as PAIR_SELECTORS.
+# (n0, n2, n4, n6 in bytes 0..3), source 1 the odd codes: pairs (n0, n4), (n1, n5), (n2, n6),
+# (n3, n7).
 W_PAIRS = ((0, W_PAIR_SELECTORS[0]), (1, W_PAIR_SELECTORS[0]),
            (0, W_PAIR_SELECTORS[1]), (1, W_PAIR_SELECTORS[1]))
 # The block scale is multiplied by 2^W_SCALE_EXP before the HMUL2 (448 * 2^7 still fits fp16),
@@ -27,6 +21,11 @@ W_PAIRS = ((0, W_PAIR_SELECTORS[0]), (1, W_PAIR_SELECTORS[0]),
 W_SCALE_EXP = 7
 W_UNSCALE = float(2 ** (14 - W_SCALE_EXP))
 W_SCALE_F16X2 = 0x00010001 * ((15 + W_SCALE_EXP) << 10)  # fp16 2^W_SCALE_EXP in both halves
+# Both operands (weights and activations) go through the recipe, so every product is scaled by
+# W_UNSCALE^-2 = 2^-14 and the epilogue multiplies the fp32 accumulator by ACC_UNSCALE. Products
+# lie in [2^-34, 441] with at most 10 significant bits: fp32 sums of them are as exact as the
+# unscaled sums (a power-of-two factor, far from fp32's subnormals), and so is the unscaling.
+ACC_UNSCALE = W_UNSCALE * W_UNSCALE
 
 
 # K order of a 64-K step when B (weights) goes to wgmma in registers (Config.w_regs). Packed

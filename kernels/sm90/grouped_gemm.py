@@ -64,7 +64,7 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      Config, check, scale_blocks, smem_bytes)
-from .fp4_bits import W_UNSCALE
+from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
@@ -358,8 +358,8 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
             row = row0 + a_row
             col = col0 + b_row
             if row < m and col < n:
-                # Register weights leave dequant_word_w scaled by 2^-7 (fp4_bits.W_SCALE_EXP).
-                c[row, col] = Float16(acc[i] * Float32(W_UNSCALE) if self.w_regs else acc[i])
+                # Both operands leave dequant_word_w scaled by 2^-7 (fp4_bits.ACC_UNSCALE).
+                c[row, col] = Float16(acc[i] * Float32(ACC_UNSCALE))
 
 
 def _check_dsl_arch(arch: str) -> None:

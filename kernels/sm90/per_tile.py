@@ -15,9 +15,9 @@ from kernels import tables
 
 from . import tma
 from .config import FP16_BUFFERS, K_TILE, SCALE_STAGE_BYTES, SUB_K
-from .dequant import dequant_word, scale_pair
+from .dequant import dequant_word_w, scales_w
 from .fp4_bits import permuted_chunk
-from .ptx import (e4m3x2_to_f16x2, ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
+from .ptx import (ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
                   st_shared_v2, st_shared_v4)
 from .smem_layout import scale_word_offset
 from .structure import OP_A, OP_B, OP_SFA, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS
@@ -212,16 +212,17 @@ class PerTileA:
         scale_at = scale_word_offset(sr, s, 1, base=scales) + first_word // 2
         if cutlass.const_expr(words == 4):
             w = ld_shared_v4(src)
-            s0, s1 = scale_pair(ld_shared_u16(scale_at))
-            scale_per_word = (s0, s0, s1, s1)
+            # Words 0, 1 take the first 16-K block's scale (half 0), words 2, 3 the second.
+            both = scales_w(ld_shared_u16(scale_at))
+            outs = [dequant_word_w(w[i], both, i // 2) for i in range(words)]
         else:
             w = ld_shared_v2(src)
-            # One scale for both words; it may be the high byte of its aligned 16-bit pair.
+            # One scale for both words; it may be the high byte of its aligned 16-bit pair,
+            # so it is splatted into both halves and half 0 is used.
             odd = (first_word // 2) % 2
-            both = e4m3x2_to_f16x2(ld_shared_u16(scale_at - odd))
-            s0 = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
-            scale_per_word = (s0, s0)
-        outs = [dequant_word(w[i], scale_per_word[i]) for i in range(words)]
+            both = scales_w(ld_shared_u16(scale_at - odd))
+            one = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
+            outs = [dequant_word_w(w[i], one, 0) for i in range(words)]
         if cutlass.const_expr(self.w_regs):
             # K order of the register B operand (see _dequant_b_fragment): output pair q of
             # word j (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk
