@@ -12,8 +12,10 @@ spells a column order itself.
   where the kernel patches its per-group TMA descriptors. Written by the kernel, so never shared
   by launches that can overlap. Optional keys (absent means 0):
   `header_bytes` at the start of the workspace, zeroed by the runtime when it allocates the
-  workspace and left zeroed by every launch (the kernel's grid barrier counters), with the
-  per-CTA slots after it; `bytes_per_a_element`: after the per-CTA slots the workspace holds
+  workspace and left zeroed by every launch, with the per-CTA slots after it. A kernel with a
+  header takes a `grid_barrier` table parameter and keeps its grid barrier there: the runtime
+  passes the header (eager launches) or a persistent zeroed copy (launches under graph
+  capture, whose workspace comes uninitialized from the graph's pool); `bytes_per_a_element`: after the per-CTA slots the workspace holds
   every group's A converted by the kernel, sum over groups of m * k elements of that size, each
   group's rows contiguous from the end of the previous group's.
 """

@@ -82,7 +82,7 @@ class PreparedKernel:
             entry = plan.entry
             values: dict[str, Any] = dict(self.templates)
             values.update(num_groups=plan.num_groups, pointers=0, problem_sizes=0,
-                          cta_prefix=0, tensormap_workspace=0)
+                          cta_prefix=0, tensormap_workspace=0, grid_barrier=0)
             params = pack_params(entry.params, values)
             config = launch.make_config(plan.grid, entry.block, entry.dynamic_smem,
                                         entry.cluster, entry.grid.get("cooperative") is True)
@@ -107,16 +107,21 @@ class _Slot:
     """A thread's packed parameters and launch config for one plan, and the table addresses
     and stream last written into them (a repeated launch rewrites nothing)."""
 
-    __slots__ = ("config", "grid", "params", "pointers", "stream", "tables", "workspace")
+    __slots__ = ("barrier", "config", "grid", "params", "pointers", "stream", "tables",
+                 "workspace")
 
     def __init__(self, params: PackedParams, config: Any, grid: int) -> None:
         self.params, self.config, self.grid = params, config, grid
-        self.pointers = self.tables = self.workspace = self.stream = None
+        self.pointers = self.tables = self.workspace = self.barrier = self.stream = None
 
-    def set(self, pointers: int, tables: int, cta_prefix_offset: int, workspace: int) -> None:
-        if pointers != self.pointers or tables != self.tables or workspace != self.workspace:
-            self.params.set_tables(pointers, tables, tables + cta_prefix_offset, workspace)
+    def set(self, pointers: int, tables: int, cta_prefix_offset: int, workspace: int,
+            barrier: int) -> None:
+        if (pointers != self.pointers or tables != self.tables or workspace != self.workspace
+                or barrier != self.barrier):
+            self.params.set_tables(pointers, tables, tables + cta_prefix_offset, workspace,
+                                   barrier)
             self.pointers, self.tables, self.workspace = pointers, tables, workspace
+            self.barrier = barrier
 
 
 class DevicePlan:
@@ -353,7 +358,8 @@ class DeviceRuntime:
         if ws is None or ws[1] < dp.workspace_bytes:
             ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
         slot = dp.slot()
-        slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2])
+        # An eager launch's grid barrier is its workspace's zeroed header.
+        slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2], ws[2])
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
 
@@ -362,22 +368,22 @@ class DeviceRuntime:
         """Under stream capture: the tables are written now into memory the graph keeps (never
         the cached tables, whose upload events live outside it), and the workspace comes from
         the graph's pool (never the per-stream workspace, which a replay on another stream
-        could overlap). The graph gets the kernel node, and a memset node only for a kernel
-        whose workspace starts with a header that must be zero (each node costs every
-        replay microseconds)."""
+        could overlap). A kernel's grid barrier (its workspace header) gets a zeroed copy of its
+        own beside the tables, which every launch leaves zeroed: the graph holds the kernel node
+        alone (each node costs every replay microseconds)."""
         if check_inputs is not None:
             check_inputs()
         plan = dp.plan
-        image, (_, tables_at) = pack_aligned(pointer_table_bytes(plan, dp.rows(ptrs)),
-                                             plan.plan_tables)
+        header = (bytes(dp.workspace_header),) if dp.workspace_header else ()
+        image, starts = pack_aligned(pointer_table_bytes(plan, dp.rows(ptrs)), plan.plan_tables,
+                                     *header)
         base = self._arena.store(image, self.device)
+        barrier = base + starts[2] if header else 0
         ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
-        if dp.workspace_header:
-            device_tables.zero_captured(ws.data_ptr(), dp.workspace_header, stream)
         slot = dp.slot()
-        slot.set(base, base + tables_at, plan.cta_prefix_offset, ws.data_ptr())
+        slot.set(base, base + starts[1], plan.cta_prefix_offset, ws.data_ptr(), barrier)
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
         # Graph-owned addresses: the next eager launch must write its own again.
-        slot.pointers = slot.tables = slot.workspace = None
+        slot.pointers = slot.tables = slot.workspace = slot.barrier = None
         del ws  # only now may the allocator recycle it (stream-ordered)

@@ -28,8 +28,10 @@ ARCH_CAPABILITY = {"sm_90a": (9, 0), "sm_100a": (10, 0)}
 
 # How the runtime fills a parameter.
 PARAM_KINDS = ("table", "tma_template", "scalar", "zeros")
-# Device tables a `table` parameter points at.
-TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace")
+# Device tables a `table` parameter points at. grid_barrier is the zeroed header_bytes of the
+# tensormap workspace record (kernels/tables.py): the runtime passes the eager workspace's header
+# or, for a launch under graph capture, a persistent zeroed copy of its own.
+TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace", "grid_barrier")
 # Values a `scalar` parameter can carry.
 SCALARS = ("num_groups",)
 # Operands a tensor-map template describes, and the columns of the pointer table.

@@ -10,8 +10,11 @@ never spells a column order itself:
 - pointers: (G, len(columns)) device addresses of (a, b, sfa, sfb, c) in the recorded order.
 - tensormap_workspace: header_bytes (zeroed by the runtime when it allocates the workspace, left
   zeroed by every launch), then grid * bytes_per_cta bytes, then sum(m * k) * bytes_per_a_element
-  (the kernel's own fp16 copy of A); all written by the kernel. Launches of kernels with
-  different header_bytes never share a workspace (runtime/device.py).
+  (the kernel's own fp16 copy of A); all but the header written by the kernel. Launches of
+  kernels with different header_bytes never share a workspace (runtime/device.py).
+- grid_barrier: the kernel's barrier, header_bytes zeroed bytes (a kernel has this parameter
+  exactly when its workspace has a header): an eager launch's workspace header, or for a
+  launch under graph capture a persistent zeroed copy of its own beside its tables.
 """
 
 from __future__ import annotations
@@ -182,6 +185,14 @@ def _layout(entry: KernelEntry) -> _Layout:
     if header % TABLE_ALIGN:
         raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes "
                             f"must be a multiple of {TABLE_ALIGN}, but got {header}")
+    # The header is the grid barrier, which the kernel reads through its own parameter: a
+    # captured launch gives it a persistent zeroed copy, not the graph's workspace.
+    barrier = any(p.kind == "table" and p.table == "grid_barrier" for p in entry.params)
+    if bool(header) != barrier:
+        raise ManifestError(
+            f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes is {header} but the "
+            f"kernel {'has' if barrier else 'has no'} grid_barrier parameter; a zeroed header "
+            "and a grid_barrier parameter come together")
     cols = _columns(entry, "problem_sizes", ("m", "n", "k", "l"))
     layout = _Layout(
         tile_m=tile_m, tile_n=tile_n, per_cta=per_cta, header=header, a_element=a_element,

@@ -568,8 +568,9 @@ class FakeArena:
 
 
 def captured_launch(dev, monkeypatch, dp, ptrs, checks):
-    """Launch `dp` as under graph capture; returns (kernel slots, arena, memsets, workspace)."""
-    memsets, workspaces = [], []
+    """Launch `dp` as under graph capture; returns (raw kernel parameters, arena, workspaces
+    allocated, driver calls other than the launch)."""
+    workspaces = []
     real_empty = torch.empty
 
     def empty(*args, **kwargs):
@@ -577,17 +578,16 @@ def captured_launch(dev, monkeypatch, dp, ptrs, checks):
         workspaces.append(t)
         return t
 
-    monkeypatch.setattr(device_tables, "zero_captured",
-                        lambda address, nbytes, stream: memsets.append((address, nbytes, stream)))
     monkeypatch.setattr(dev.mod.torch, "empty", empty)
     monkeypatch.setattr(dev.mod.launch, "launch",
                         lambda f, config, stream, kp: dev.drv.cuLaunchKernelEx(
                             types.SimpleNamespace(hStream=stream), f, kp, 0))
     dev.rt._arena = FakeArena()
     dev.drv.capturing = True
+    calls = len(dev.drv.calls)
     dev.rt.launch(dp, ptrs, lambda: checks.append(1))
     monkeypatch.setattr(dev.mod.torch, "empty", real_empty)
-    return slots(dev.drv.launches[-1][1]), dev.rt._arena, memsets, workspaces
+    return dev.drv.launches[-1][1], dev.rt._arena, workspaces, dev.drv.calls[calls:]
 
 
 def test_capture_uses_persistent_tables_and_a_graph_workspace(dev, monkeypatch) -> None:
@@ -601,8 +601,8 @@ def test_capture_uses_persistent_tables_and_a_graph_workspace(dev, monkeypatch) 
     dev.drv.capturing = True
     assert dev.rt.launch_cached(dp, ptrs) is False  # the hot path never launches in capture
     checks = []
-    (pointers, ws, sizes, prefix), arena, memsets, workspaces = captured_launch(
-        dev, monkeypatch, dp, ptrs, checks)
+    raw, arena, workspaces, calls = captured_launch(dev, monkeypatch, dp, ptrs, checks)
+    pointers, ws, sizes, prefix = slots(raw)
     assert checks == [1]  # inside a capture the pointer checks always run
     assert ws != eager_ws and dev.rt._workspaces[(7, 0)][2] == eager_ws
     # One persistent image written at capture time: the pointer table at its start, the plan
@@ -611,21 +611,26 @@ def test_capture_uses_persistent_tables_and_a_graph_workspace(dev, monkeypatch) 
     pointer_table = struct.pack("<10q", *dp.rows(ptrs))
     assert (pointers, sizes, prefix) == (base, base + 128, base + 128 + 128)
     assert image == pointer_table.ljust(128, b"\0") + dp.plan.plan_tables
-    # The workspace is a fresh allocation (the graph's pool) of the plan's size, and this
-    # kernel has no header: no memset node either.
+    # The workspace is a fresh allocation (the graph's pool) of the plan's size, and the
+    # launch path made no driver call but the launch.
     [w] = workspaces
     assert ws == w.data_ptr() and w.numel() == dp.workspace_bytes
-    assert memsets == []
+    assert calls == []
 
 
-def test_capture_zeroes_a_workspace_header_with_one_memset(dev, monkeypatch) -> None:
+def test_capture_gives_the_grid_barrier_a_persistent_zeroed_header(dev, monkeypatch) -> None:
     dp = dev.mod.DevicePlan(make_plan(staged_entry(), ((192, 3072, 4096), (320, 3072, 4096)),
                                       132), dev.prepared)
     assert dp.workspace_header == 128
-    (_, ws, _, _), _, memsets, workspaces = captured_launch(dev, monkeypatch, dp,
-                                                             tuple(range(10)), [])
-    assert memsets == [(ws, 128, 7)]  # on the capturing stream, before the kernel
-    assert workspaces[0].numel() == dp.workspace_bytes
+    raw, arena, workspaces, calls = captured_launch(dev, monkeypatch, dp, tuple(range(10)), [])
+    [(base, image)] = arena.images.items()
+    barrier = struct.unpack_from("<Q", dp.slot().params.raw(), BARRIER_AT)[0]
+    tables = dp.plan.plan_tables
+    # [pointer table | plan tables | 128 zero bytes], each on a 128-byte boundary
+    at = 128 + -(-len(tables) // 128) * 128
+    assert barrier == base + at and image[at:] == bytes(128) and len(image) == at + 128
+    assert slots(raw)[1] == workspaces[0].data_ptr() != barrier  # the graph's pool
+    assert calls == []  # only the kernel: every launch leaves the barrier zeroed
 
 
 def test_launch_switches_to_the_device_context_and_back(dev) -> None:
@@ -753,10 +758,21 @@ def test_host_cost_bench_runs_without_a_gpu(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ staged-A workspace (sm90 v3)
 
 STAGED_WS = {"bytes_per_cta": 1024, "align": 128, "header_bytes": 128, "bytes_per_a_element": 2}
+BARRIER_AT = 544  # the grid_barrier parameter: after four templates (512) and four tables
+
+
+def staged_params():
+    """sm90 v3-like: the sm90-like ABI plus a grid_barrier table before num_groups."""
+    from test_runtime_cpu import _params, _tables, _tma
+
+    return _params([_tma(op) for op in ("a", "b", "sfa", "sfb")] + _tables()
+                   + [("grid_barrier", "table", 8, 8, {"table": "grid_barrier"}),
+                      ("num_groups", "scalar", 4, 4, {"value": "num_groups"})])
 
 
 def staged_entry():
-    e, _ = entry(groups=[[192, 3072, 4096], [320, 3072, 4096]])
+    e, _ = entry(groups=[[192, 3072, 4096], [320, 3072, 4096]], params=staged_params())
+    assert [p.offset for p in e.params if p.name == "grid_barrier"] == [BARRIER_AT]
     return dataclasses.replace(e, tables={**e.tables, "tensormap_workspace": STAGED_WS})
 
 
@@ -784,6 +800,21 @@ def test_plan_rejects_bad_workspace_record(key, value, why) -> None:
         make_plan(e, ((192, 3072, 4096), (320, 3072, 4096)), 132)
 
 
+def test_plan_rejects_a_header_without_a_barrier_parameter_and_the_reverse() -> None:
+    shapes = ((192, 3072, 4096), (320, 3072, 4096))
+    no_param = dataclasses.replace(staged_entry(), params=entry()[0].params)
+    with pytest.raises(runtime.ManifestError) as info:
+        make_plan(no_param, shapes, 132)
+    assert str(info.value) == (
+        "kernel 'dense.sm_90a.acc1': tables.tensormap_workspace.header_bytes is 128 but the "
+        "kernel has no grid_barrier parameter; a zeroed header and a grid_barrier parameter "
+        "come together")
+    no_header = dataclasses.replace(staged_entry(), tables=entry()[0].tables)
+    with pytest.raises(runtime.ManifestError, match=r"header_bytes is 0 but the kernel has "
+                                                    r"grid_barrier parameter"):
+        make_plan(no_header, shapes, 132)
+
+
 def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     # Fresh allocations full of 0xAB, so a header left unzeroed cannot pass by luck.
     real_empty = torch.empty
@@ -794,6 +825,7 @@ def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     staged = DevicePlan(make_plan(staged_entry(), shapes, 132), dev.prepared)
     ptrs = tuple(range(0x1000, 0x1000 + 10 * 0x100, 0x100))
     dev.rt.launch(staged, ptrs, None)
+    barrier = struct.unpack_from("<Q", staged.slot().params.raw(), BARRIER_AT)[0]
     dev.rt.launch(dev.plan(shapes), ptrs, None)
     ws_staged, ws_plain = dev.rt._workspaces[(7, 128)], dev.rt._workspaces[(7, 0)]
     assert ws_staged[2] != ws_plain[2]
@@ -802,3 +834,5 @@ def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     assert ws_plain[0].eq(0xAB).all()  # nothing to zero without a header
     (_, p_staged), (_, p_plain) = dev.drv.launches
     assert slots(p_staged)[1] == ws_staged[2] and slots(p_plain)[1] == ws_plain[2]
+    # An eager launch's grid barrier is its workspace's zeroed header.
+    assert barrier == ws_staged[2]

@@ -106,6 +106,7 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
         pointers: cute.Pointer,
         cta_prefix: cute.Pointer,
         workspace: cute.Pointer,
+        grid_barrier: cute.Pointer,
         num_groups: Int32,
         num_ctas: Int32,
     ) -> None:
@@ -162,6 +163,12 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
         args.table("pointers", pointers, "pointers")
         args.table("cta_prefix", cta_prefix, "cta_prefix")
         args.table("tensormap_workspace", workspace, "tensormap_workspace")
+        if cutlass.const_expr(self.a_fp16):
+            # The grid barrier's zeroed header (staged.py): its own parameter, so a captured
+            # launch can keep it outside the graph's workspace (runtime/device.py).
+            args.table("grid_barrier", grid_barrier, "grid_barrier")
+        else:
+            args.zeros("grid_barrier", grid_barrier, 8, 8)  # v2 has no barrier
         args.scalar("num_groups", num_groups, "num_groups")
 
         fb_layout, fa_layout = self._fp16_layouts()
@@ -256,6 +263,7 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
         pointers: cute.Pointer,
         cta_prefix: cute.Pointer,
         workspace: cute.Pointer,
+        grid_barrier: cute.Pointer,
         num_groups: Int32,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
@@ -271,7 +279,7 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
         storage = smem.allocate(self.shared_storage)
         if cutlass.const_expr(self.a_fp16):
             self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
-                             workspace, num_groups, tidx, warp_idx, bidx, grid)
+                             workspace, grid_barrier, num_groups, tidx, warp_idx, bidx, grid)
         else:
             self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
                             cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
@@ -382,7 +390,7 @@ def compile_kernel(config: Config, *, arch: str,
     ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
     with tempfile.TemporaryDirectory(prefix="nvfp4_sm90_") as dump:
         compiled = cute.compile(
-            gemm, i32, i64, i32, ws, Int32(1), Int32(1),
+            gemm, i32, i64, i32, ws, ws, Int32(1), Int32(1),
             options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
         )
         cubin, ptx = compiled.__cubin__, compiled.__ptx__

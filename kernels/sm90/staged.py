@@ -33,8 +33,10 @@ PRODUCER_REGS, CONSUMER_REGS = 56, 152
 REBALANCED_CONSUMER_WARPGROUPS = 3  # the only consumer count those two numbers are made for
 assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_REGS) \
     <= 65536 == WARPGROUP * (1 + REBALANCED_CONSUMER_WARPGROUPS) * 128
-# The workspace starts with the grid barrier (arrival counter, then the generation word on its
-# own 64-byte line); the runtime zeroes it once and every launch leaves it zeroed.
+# The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
+# the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
+# counter at zero. The workspace keeps HEADER_BYTES unused at its start: they are the eager
+# launches' barrier (runtime/device.py).
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
@@ -53,7 +55,8 @@ class StagedA:
 
     @cute.jit
     def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
-                    cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+                    cta_prefix, workspace, grid_barrier, num_groups, tidx, warp_idx, bidx,
+                    grid) -> None:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
@@ -75,7 +78,7 @@ class StagedA:
             self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
         if tidx == 32:
-            self._grid_barrier(ws_base, grid)
+            self._grid_barrier(grid_barrier.toint(), grid)
         cute.arch.barrier()
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
@@ -171,11 +174,11 @@ class StagedA:
         fence_proxy_async_global()
 
     @cute.jit
-    def _grid_barrier(self, ws_base, grid) -> None:
+    def _grid_barrier(self, barrier, grid) -> None:
         """One thread per CTA: a self-resetting barrier over the whole (co-resident,
-        cooperatively launched) grid, counters in the zeroed workspace header."""
-        counter = ws_base
-        generation = ws_base + BARRIER_GENERATION
+        cooperatively launched) grid, its counter at `barrier` zero on entry and on exit."""
+        counter = barrier
+        generation = barrier + BARRIER_GENERATION
         seen = ld_acquire_gpu_u32(generation)
         arrived = atom_add_acq_rel_gpu_u32(counter, 1)
         if arrived == Uint32(grid - 1):
