@@ -101,6 +101,12 @@ _GRID_BARRIER = '''        if tidx == 32:
 _STAGING_END = '''            c += STAGE_UNROLL * stride
         fence_proxy_async_global()
 '''
+# Neither role takes a tile (and the producer loads no weights ahead), or no grid barrier.
+_NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
+                      _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
+_NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
+             (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles"))]
+_NO_BARRIER = (STAGED, _GRID_BARRIER, "")
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
         (WEIGHTS, '''        d_lo = dequant_word_w(lo, both, 0)
@@ -122,48 +128,20 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     # The producer takes no tile (its tail then waits on nothing) and the consumers neither
     # wait nor release, so no mbarrier phase can fall out of step.
-    "compute_only": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        *_CONSUMER_SYNC,
-    ],
+    "compute_only": [_NO_PRODUCER_TILES, _NO_PREFETCH, *_CONSUMER_SYNC],
     # Staging, grid barrier and launch alone: neither role takes a tile.
-    "phase1_only": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-    ],
+    "phase1_only": _NO_TILES,
     # phase1_only without the grid barrier (the barrier's cost), and without staging too
     # (launch, setup and teardown alone).
-    "stage_only": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        (STAGED, _GRID_BARRIER, ""),
-    ],
-    "empty": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        (STAGED, _GRID_BARRIER, ""),
-        (STAGED, _STAGING, "            pass\n"),
-    ],
+    "stage_only": [*_NO_TILES, _NO_BARRIER],
+    "empty": [*_NO_TILES, _NO_BARRIER, (STAGED, _STAGING, "            pass\n")],
     # stage_only's staging without its closing proxy fence, or without its stores.
-    "stage_nofence": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        (STAGED, _GRID_BARRIER, ""),
-        (STAGED, _STAGING_END, _STAGING_END.replace("        fence_proxy_async_global()\n", "")),
-    ],
-    "stage_nostore": [
-        (STAGED, _PRODUCER_TILES, _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        _NO_PREFETCH,
-        (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-        (STAGED, _GRID_BARRIER, ""),
-        (STAGED, "                if c + u * stride < total:\n",
-         "                if c + u * stride < total and outs[0][0] == Uint32(0x12345678):\n"),
-    ],
+    "stage_nofence": [*_NO_TILES, _NO_BARRIER,
+                      (STAGED, _STAGING_END,
+                       _STAGING_END.replace("        fence_proxy_async_global()\n", ""))],
+    "stage_nostore": [*_NO_TILES, _NO_BARRIER,
+                      (STAGED, "                if c + u * stride < total:\n",
+                       "                if c + u * stride < total and outs[0][0] == Uint32(0x12345678):\n")],
     # The whole loop, no C stores (the epilogue's cost).
     "nostore": [
         (STAGED, '''            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
