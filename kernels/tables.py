@@ -32,10 +32,12 @@ TENSORMAP_BYTES = 128
 
 
 def tables_record(num_tensormaps: int, header_bytes: int = 0,
-                  bytes_per_a_element: int = 0) -> dict[str, Any]:
-    """The `tables` field of a manifest entry for a kernel that patches `num_tensormaps` maps."""
-    workspace: dict[str, Any] = {"bytes_per_cta": num_tensormaps * TENSORMAP_BYTES,
-                                 "align": TENSORMAP_BYTES}
+                  bytes_per_a_element: int = 0, extra_bytes_per_cta: int = 0) -> dict[str, Any]:
+    """The `tables` field of a manifest entry for a kernel that patches `num_tensormaps` maps
+    (and keeps `extra_bytes_per_cta` more scratch per CTA)."""
+    workspace: dict[str, Any] = {
+        "bytes_per_cta": num_tensormaps * TENSORMAP_BYTES + extra_bytes_per_cta,
+        "align": TENSORMAP_BYTES}
     if header_bytes:
         workspace["header_bytes"] = header_bytes
     if bytes_per_a_element:

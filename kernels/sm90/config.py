@@ -40,6 +40,9 @@ class Config:
     # the previous step's waits and wgmma issue, instead of at the head of the step's
     # conversion chain. Not yet measured on a GPU (bench/RESULTS.md, 2026-11-30, "Next").
     w_prefetch: bool = False
+    # With a_fp16: the tiles past the last full wave are split by K across all CTAs (stream-K,
+    # kernels/sm90/stream_k.py), partial sums passed through the workspace. Not yet run on a GPU.
+    stream_k: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -86,6 +89,13 @@ def check(config: Config) -> list[str]:
                        "has more than two consumer warpgroups)")
     if not isinstance(config.w_prefetch, bool):
         reasons.append(f"w_prefetch must be true or false, but got {config.w_prefetch!r}")
+    if not isinstance(config.stream_k, bool):
+        reasons.append(f"stream_k must be true or false, but got {config.stream_k!r}")
+    if config.stream_k is True and config.a_fp16 is False:
+        reasons.append("stream_k needs a_fp16: true (only the staged-A kernel has it)")
+    if config.stream_k is True and config.w_prefetch is True:
+        reasons.append("stream_k and w_prefetch do not combine (the stream-K consumer has no "
+                       "prefetching path)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
     if config.a_fp16 and not config.w_regs:

@@ -68,6 +68,7 @@ from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
+from .stream_k_roles import StreamK
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, WARPGROUP
 from .weights import WeightFragments
 
@@ -78,7 +79,7 @@ _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 
 
-class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
+class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -95,6 +96,9 @@ class Sm90GroupedGemm(StagedA, PerTileA, WeightFragments):
         self.stages = config.stages
         self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
+        # Stream-K: per CTA one fp32 partial tile, then its ready flag on a line of its own.
+        self.sk_flag_offset = config.tile_n * config.tile_m * 4
+        self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -424,7 +428,8 @@ def compile_kernel(config: Config, *, arch: str,
         tables=tables.tables_record(
             tma.SETS * tma.MAPS_PER_SET,
             header_bytes=HEADER_BYTES if config.a_fp16 else 0,
-            bytes_per_a_element=2 if config.a_fp16 else 0),
+            bytes_per_a_element=2 if config.a_fp16 else 0,
+            extra_bytes_per_cta=gemm.sk_slot_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
                      "n_multiple": N_MULTIPLE},
     )

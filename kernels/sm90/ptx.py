@@ -223,3 +223,34 @@ def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any =
 @dsl_user_op
 def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
     _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip)
+
+
+@dsl_user_op
+def st_global_v4_f32(addr: Any, x0: Any, x1: Any, x2: Any, x3: Any, *, loc: Any = None,
+                     ip: Any = None) -> None:
+    """16-byte global store of four fp32 values."""
+    from cutlass import Float32
+
+    _asm("st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
+         [_i64(addr, loc, ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)],
+         loc, ip)
+
+
+@dsl_user_op
+def ld_global_cg_v4_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple:
+    """16-byte global load of four fp32 values, cached in L2 only (another CTA wrote them)."""
+    from cutlass import Float32
+
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([T.f32()] * 4), [_i64(addr, loc, ip)],
+        "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip,
+    )
+    return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(*, loc: Any = None, ip: Any = None) -> None:
+    """fence.acq_rel.gpu: this thread's prior writes ordered before its later ones, GPU-wide."""
+    _asm("fence.acq_rel.gpu;", "", [], loc, ip)

@@ -69,11 +69,17 @@ class StagedA:
         ws_base = workspace.toint()
         a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
                                                     * tma.TENSORMAP_BYTES)
+        sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
+        if cutlass.const_expr(self.config.stream_k):
+            a16_base = a16_base + grid * self.sk_slot_bytes
+            if tidx == 0:  # ordered before every CTA's wait by the grid barrier below
+                st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
         desc_base = ws_base + HEADER_BYTES
         if warp_idx == 0:
             self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                    prefix, desc_base, a16_base, total_tiles, bidx)
+                                    prefix, desc_base, a16_base, total_tiles, bidx, grid,
+                                    num_groups)
         else:
             self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
@@ -87,6 +93,9 @@ class StagedA:
         producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                          desc_base, a16_base, total_tiles, bidx, grid)
         consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
+        if cutlass.const_expr(self.config.stream_k):
+            producer_args = (*producer_args, num_groups)
+            consumer_args = (*consumer_args, num_groups, sk_base)
         rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
         if cutlass.const_expr(rebalance):
             # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
@@ -95,15 +104,21 @@ class StagedA:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
-                    self._producer_a16(*producer_args)
+                    self._producer_role(*producer_args)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_a16(*producer_args)
+                self._producer_role(*producer_args)
             if warp_idx >= 4:
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+
+    def _producer_role(self, *args) -> None:
+        (self._producer_sk if self.config.stream_k else self._producer_a16)(*args)
+
+    def _consumer_role(self, *args) -> None:
+        (self._consumer_sk if self.config.stream_k else self._consumer_a16)(*args)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -211,24 +226,35 @@ class StagedA:
 
     @cute.jit
     def _producer_prologue(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                           desc_base, a16_base, total_tiles, bidx) -> None:
+                           desc_base, a16_base, total_tiles, bidx, grid, num_groups) -> None:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
         group, and that tile's first weight stages in flight while the other warps stage A."""
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(atoms, ws, bidx)
-        group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        first, kb = bidx, Int32(0)
+        if cutlass.const_expr(self.config.stream_k):
+            group, pre, first, kb = self._sk_first(sizes, prefix, total_tiles, bidx, grid,
+                                                   num_groups)
+        else:
+            group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         if pre > 0:
-            _, m, n, k = self._group_of(bidx, group, prefix, sizes)
+            _, m, n, k = self._group_of(first, group, prefix, sizes)
             self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
                                         m, n, k)
-            _, tile_n_idx = self._tile_coords(bidx, group, prefix, m)
+            _, tile_n_idx = self._tile_coords(first, group, prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
-            for kt in cutlass.range(pre, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, tma.descriptor_ptr(ws, bidx, 0, OP_B),
-                                tma.descriptor_ptr(ws, bidx, 0, OP_SFB), storage, kt,
-                                tile_n_idx * self.tile_n)
+            d_b = tma.descriptor_ptr(ws, bidx, 0, OP_B)
+            d_sfb = tma.descriptor_ptr(ws, bidx, 0, OP_SFB)
+            if cutlass.const_expr(self.config.stream_k):
+                for kt in cutlass.range(kb, kb + pre, unroll=1):
+                    b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
+                                              tile_n_idx * self.tile_n)
+            else:
+                for kt in cutlass.range(pre, unroll=1):
+                    b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
+                                              tile_n_idx * self.tile_n)
 
     @cute.jit
     def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b) -> Any:

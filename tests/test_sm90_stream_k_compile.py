@@ -1,0 +1,59 @@
+"""Config.stream_k (not yet run on a GPU) must keep building past the compile's guards, record
+its partial slots in the workspace, and carry the cross-CTA hand-off in its PTX; the default
+build has none of it."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernels.sm90.config import Config, check
+
+REPO = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from kernels.sm90.config import Config
+from kernels.sm90.grouped_gemm import compile_kernel
+out = {{}}
+for name, opts in (("off", {{"tile_n": 192}}), ("on", {{"tile_n": 192, "stream_k": True}})):
+    k = compile_kernel(Config(**opts), arch="sm_90a", groups=[(128, 4096, 7168)])
+    out[name] = {{"per_cta": k.tables["tensormap_workspace"]["bytes_per_cta"],
+                 "cg_loads": k.ptx.count("ld.global.cg.v4.f32"),
+                 "f32_stores": k.ptx.count("st.global.v4.f32"),
+                 "release": k.ptx.count("red.release.gpu.global.add.u32")}}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")
+def test_stream_k_builds_with_partial_slots_and_a_hand_off() -> None:
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(repo=str(REPO))], env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 2 sets of 4 tensor maps of 128 bytes, and with stream-K one fp32 192 x 128 partial and
+    # its flag
+    assert out["off"]["per_cta"] == 1024
+    assert out["on"]["per_cta"] == 1024 + 192 * 128 * 4 + 128
+    assert out["off"]["cg_loads"] == out["off"]["f32_stores"] == 0
+    assert out["on"]["cg_loads"] > 0 and out["on"]["f32_stores"] > 0
+    # the grid barrier's release, plus the partial flag's
+    assert out["on"]["release"] == out["off"]["release"] + 1
+
+
+def test_stream_k_needs_the_staged_kernel_and_no_prefetch() -> None:
+    assert check(Config(stream_k=True, tile_n=192)) == []
+    assert check(Config(stream_k=True, a_fp16=False)) == [
+        "stream_k needs a_fp16: true (only the staged-A kernel has it)"]
+    assert check(Config(stream_k=True, w_prefetch=True)) == [
+        "stream_k and w_prefetch do not combine (the stream-K consumer has no prefetching path)"]
+    assert check(Config(stream_k=1)) == ["stream_k must be true or false, but got 1"]
