@@ -57,3 +57,14 @@ def test_stream_k_needs_the_staged_kernel_and_no_prefetch() -> None:
     assert check(Config(stream_k=True, w_prefetch=True)) == [
         "stream_k and w_prefetch do not combine (the stream-K consumer has no prefetching path)"]
     assert check(Config(stream_k=1)) == ["stream_k must be true or false, but got 1"]
+
+
+def test_the_ab_spec_parses_and_turns_stream_k_on_everywhere() -> None:
+    from builder.families import load_families
+    from builder.spec import load_spec
+
+    spec = load_spec(REPO / "bench" / "stream_k_ab.yaml", load_families("kernels.families"))
+    names = [s.name for s in spec.sets]
+    assert names == ["moe_gateup", "moe_down", "dense_a", "bench_large", "mixed_2", "mixed_4"]
+    assert all(b.arch == "sm_90a" and b.options_dict()["stream_k"] is True
+               for s in spec.sets for b in s.builds)
