@@ -68,7 +68,7 @@ from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
-from .stream_k_roles import StreamK
+from .stream_k_roles import DESC_SETS, StreamK
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, WARPGROUP
 from .weights import WeightFragments
 
@@ -99,6 +99,8 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         # Stream-K: per CTA one fp32 partial tile, then its ready flag on a line of its own.
         self.sk_flag_offset = config.tile_n * config.tile_m * 4
         self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
+        # Descriptor sets per CTA, used in turn on group changes (tma.py).
+        self.desc_sets = DESC_SETS if config.stream_k else tma.SETS
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -325,6 +327,9 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         tile_n_idx = local // tiles_m
         return local - tile_n_idx * tiles_m, tile_n_idx
 
+    def _desc(self, ws: Any, cta: Any, set_idx: Any, operand: int) -> Any:
+        return tma.descriptor_ptr(ws, cta, set_idx, operand, self.desc_sets)
+
     @staticmethod
     def _scale_tensor(address: Int64, rows: Int32, scale_k: Int32) -> cute.Tensor:
         """An operand's blocked scales as the (256 bytes, 2 x 64-K atoms, 128-row blocks) view
@@ -337,9 +342,9 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
     def _copy_templates(self, atoms, ws, bidx) -> None:
         """Copy the descriptor templates (kernel parameters) into both of this CTA's sets."""
         with cute.arch.elect_one():
-            for s in cutlass.range_constexpr(tma.SETS):
+            for s in cutlass.range_constexpr(self.desc_sets):
                 for o in cutlass.range_constexpr(len(atoms)):
-                    cpasync.copy_tensormap(atoms[o], tma.descriptor_ptr(ws, bidx, s, o))
+                    cpasync.copy_tensormap(atoms[o], self._desc(ws, bidx, s, o))
         cute.arch.sync_warp()
         cute.arch.fence_acq_rel_cta()
 
@@ -348,11 +353,11 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         """Patch set `desc_set` to `tensors` and make it visible to this warp's TMA loads."""
         for o in cutlass.range_constexpr(len(atoms)):
             cpasync.update_tma_descriptor(atoms[o], tensors[o],
-                                          tma.descriptor_ptr(ws, bidx, desc_set, o))
+                                          self._desc(ws, bidx, desc_set, o))
         cute.arch.sync_warp()
         cpasync.fence_tma_desc_release()
         for o in cutlass.range_constexpr(len(atoms)):
-            cpasync.fence_tma_desc_acquire(tma.descriptor_ptr(ws, bidx, desc_set, o))
+            cpasync.fence_tma_desc_acquire(self._desc(ws, bidx, desc_set, o))
 
     @staticmethod
     def _bytes_tensor(address: Int64, shape: tuple, stride: tuple) -> cute.Tensor:
@@ -426,7 +431,7 @@ def compile_kernel(config: Config, *, arch: str,
               **({"cooperative": True} if config.a_fp16 else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
-            tma.SETS * tma.MAPS_PER_SET,
+            gemm.desc_sets * tma.MAPS_PER_SET,
             header_bytes=HEADER_BYTES if config.a_fp16 else 0,
             bytes_per_a_element=2 if config.a_fp16 else 0,
             extra_bytes_per_cta=gemm.sk_slot_bytes),

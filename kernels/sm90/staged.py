@@ -67,7 +67,7 @@ class StagedA:
         sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
                                                         num_groups)
         ws_base = workspace.toint()
-        a16_base = ws_base + HEADER_BYTES + grid * (tma.SETS * tma.MAPS_PER_SET
+        a16_base = ws_base + HEADER_BYTES + grid * (self.desc_sets * tma.MAPS_PER_SET
                                                     * tma.TENSORMAP_BYTES)
         sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
         if cutlass.const_expr(self.config.stream_k):
@@ -245,8 +245,8 @@ class StagedA:
             _, tile_n_idx = self._tile_coords(first, group, prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
-            d_b = tma.descriptor_ptr(ws, bidx, 0, OP_B)
-            d_sfb = tma.descriptor_ptr(ws, bidx, 0, OP_SFB)
+            d_b = self._desc(ws, bidx, 0, OP_B)
+            d_sfb = self._desc(ws, bidx, 0, OP_SFB)
             if cutlass.const_expr(self.config.stream_k):
                 for kt in cutlass.range(kb, kb + pre, unroll=1):
                     b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,

@@ -14,13 +14,17 @@ from cutlass.cute.nvgpu import warpgroup
 
 from kernels import tables
 
-from . import tma
 from .config import K_TILE, SUB_K
 from .ptx import (fence_acq_rel_gpu, ld_acquire_gpu_u32, ld_global_cg_v4_f32, nanosleep,
                   red_add_release_gpu_u32, st_global_v4_f32)
 from .stream_k import dp_tiles, piece, unit_owner, unit_range
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SUB_STEPS
 
+# Descriptor sets, used in turn: a set is patched again only after three other groups' pieces,
+# at least one stage each, have been loaded, so after 3 weight stages (a full ring of
+# Config.stages = 3) and 12 A tiles (more than the 8 A slots): every load that read it has
+# landed. Two sets, as the data-parallel kernel has, rely on tiles of at least 3 stages.
+DESC_SETS = 4
 _NO_END = 1 << 30  # k_end of a whole tile before it is clamped to the tile's stages
 _SK_BARRIER = 2  # named barrier of the consumer warps (0 is the CTA's, 1 is v2's step barrier)
 
@@ -126,14 +130,14 @@ class StreamK:
             group, m, n, k = self._group_of(tile, Int32(0), prefix, sizes)
             ke = cutlass.min(ke, k // K_TILE)
             if group != prev_group:
-                desc_set = 1 - desc_set
+                desc_set = (desc_set + 1) % DESC_SETS
                 self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
                                             a16_base, m, n, k)
                 prev_group = group
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
-            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
-            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            d_b = self._desc(ws, bidx, desc_set, OP_B)
+            d_a = self._desc(ws, bidx, desc_set, OP_A)
+            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
             for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded

@@ -28,10 +28,12 @@ SETS = 2
 _manager = TensorMapManager(TensorMapUpdateMode.GMEM, TENSORMAP_BYTES)
 
 
-def descriptor_ptr(workspace_i64: cute.Pointer, cta: Any, set_idx: Any, operand: int) -> Any:
-    """Typed gmem pointer to descriptor `operand` of `set_idx` in this CTA's workspace slot."""
+def descriptor_ptr(workspace_i64: cute.Pointer, cta: Any, set_idx: Any, operand: int,
+                   sets: int = SETS) -> Any:
+    """Typed gmem pointer to descriptor `operand` of `set_idx` in this CTA's workspace slot of
+    `sets` sets (stream-K kernels keep more: stream_k_roles.DESC_SETS)."""
     per_map = TENSORMAP_BYTES // 8
-    slot = (cta * SETS + set_idx) * MAPS_PER_SET + operand
+    slot = (cta * sets + set_idx) * MAPS_PER_SET + operand
     return _manager.get_tensormap_ptr(workspace_i64 + slot * per_map)
 
 
