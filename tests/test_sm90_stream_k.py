@@ -82,3 +82,17 @@ def test_owner_inverts_the_ranges() -> None:
             c = unit_owner(u, units, grid)
             lo, hi = unit_range(c, units, grid)
             assert lo <= u < hi
+
+
+def test_descriptor_sets_outlast_both_rings() -> None:
+    """A set is patched again after (sets - 1) pieces of at least one stage: that must refill
+    the weight ring (`stages` slots) and the A ring (`a_slots` tiles of 64 K, 4 per stage)."""
+    pytest.importorskip("cutlass")  # stream_k_roles is device code
+    from kernels.sm90.stream_k_roles import desc_sets
+
+    assert desc_sets(3, 8, 4) == 4  # the default config
+    for stages in range(2, 9):
+        for a_slots in range(2, 33):
+            sets = desc_sets(stages, a_slots, 4)
+            assert sets - 1 >= stages and 4 * (sets - 1) >= a_slots
+            assert sets - 2 < stages or 4 * (sets - 2) < a_slots  # and no more than needed

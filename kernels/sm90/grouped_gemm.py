@@ -68,8 +68,8 @@ from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
-from .stream_k_roles import DESC_SETS, StreamK
-from .structure import PACKED_ROW_BYTES, SCALE_BOX, WARPGROUP
+from .stream_k_roles import StreamK, desc_sets
+from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 from .weights import WeightFragments
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
@@ -100,7 +100,8 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         self.sk_flag_offset = config.tile_n * config.tile_m * 4
         self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
         # Descriptor sets per CTA, used in turn on group changes (tma.py).
-        self.desc_sets = DESC_SETS if config.stream_k else tma.SETS
+        self.desc_sets = (desc_sets(config.stages, config.a_slots, SUB_STEPS) if config.stream_k
+                          else tma.SETS)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 

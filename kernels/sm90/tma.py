@@ -31,7 +31,7 @@ _manager = TensorMapManager(TensorMapUpdateMode.GMEM, TENSORMAP_BYTES)
 def descriptor_ptr(workspace_i64: cute.Pointer, cta: Any, set_idx: Any, operand: int,
                    sets: int = SETS) -> Any:
     """Typed gmem pointer to descriptor `operand` of `set_idx` in this CTA's workspace slot of
-    `sets` sets (stream-K kernels keep more: stream_k_roles.DESC_SETS)."""
+    `sets` sets (stream-K kernels keep more: stream_k_roles.desc_sets)."""
     per_map = TENSORMAP_BYTES // 8
     slot = (cta * sets + set_idx) * MAPS_PER_SET + operand
     return _manager.get_tensormap_ptr(workspace_i64 + slot * per_map)
