@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fakefam import write_fake_package
@@ -61,3 +62,18 @@ def tree_hash(root: Path) -> dict[str, str]:
         rel = p.relative_to(root).as_posix()
         out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
     return out
+
+
+def run_sm90_script(script: str) -> Any:
+    """Run `script` in a fresh interpreter with CUTE_DSL_ARCH=sm_90a (read once, at `import
+    cutlass`) and no GPU visible; returns the JSON its last output line prints."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -5,13 +5,10 @@ build has none of it."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_sm90_script
 
 from kernels.sm90.config import Config, check
 
@@ -35,11 +32,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")
 def test_stream_k_builds_with_partial_slots_and_a_hand_off() -> None:
-    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(repo=str(REPO))], env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = run_sm90_script(SCRIPT.format(repo=str(REPO)))
     # 2 sets of 4 tensor maps of 128 bytes; with stream-K 4 sets, one fp32 192 x 128 partial and
     # its flag
     assert out["off"]["per_cta"] == 1024

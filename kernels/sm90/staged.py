@@ -338,9 +338,10 @@ class StagedA:
         )
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
-    @cute.jit
-    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                      total_tiles, bidx, grid, ct) -> None:
+    def _consumer_operands(self, tiled_mma, storage, ct) -> tuple:
+        """A consumer thread's view of the tile (both consumers, default and stream-K): the A
+        ring's wgmma fragments, two weight fragments (and their words), the accumulator, its
+        coordinates, k-blocks per step, and the weight stages' shared addresses."""
         a16_layout = self._a16_layout()
         a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
@@ -354,6 +355,13 @@ class StagedA:
         num_kblocks = cute.size(frag_w[0], mode=[2])
         packed_b = storage.packed_b.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
+        return frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b, scale_b
+
+    @cute.jit
+    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                      total_tiles, bidx, grid, ct) -> None:
+        (frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b,
+         scale_b) = self._consumer_operands(tiled_mma, storage, ct)
 
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,

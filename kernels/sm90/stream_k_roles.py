@@ -157,19 +157,8 @@ class StreamK:
     @cute.jit
     def _consumer_sk(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                      total_tiles, bidx, grid, num_groups, sk_base, ct) -> None:
-        a16_layout = self._a16_layout()
-        a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-        thr_mma = tiled_mma.get_slice(ct)
-        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
-        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                  for _ in range(2)]
-        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_w[0], mode=[2])
-        packed_b = storage.packed_b.data_ptr().toint()
-        scale_b = storage.scale_b.data_ptr().toint()
+        (frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b,
+         scale_b) = self._consumer_operands(tiled_mma, storage, ct)
         consumers = pipeline.NamedBarrier(barrier_id=_SK_BARRIER,
                                           num_threads=self.consumer_threads)
 
