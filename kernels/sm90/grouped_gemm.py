@@ -5,9 +5,11 @@ with A (M, K) and B (N, K) packed e2m1 (K/2 bytes per row, element 2j in the low
 SFB e4m3 in the blocked 128x4 layout of facts.md, C (M, N) fp16 row-major; fp32 accumulation.
 
 Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the default):
-  phase 1: every thread of every CTA converts a share of all groups' A to fp16 (exact) into the
-           workspace, in the kernel's permuted K order; a grid-wide barrier follows (the launch
-           is cooperative, so all CTAs are resident; counters in a zeroed workspace header)
+  phase 1: all warps but warp 0 of every CTA convert a share of all groups' A to fp16 (value *
+           scale * 2^-7, exact) into the workspace, in the kernel's permuted K order, while
+           warp 0 loads its first tile's first weight stages; a grid-wide barrier follows (the
+           launch is cooperative, so all CTAs are resident; its counters are at the
+           grid_barrier parameter, zeroed by the runtime and left zeroed)
   phase 2: TMA (packed B fp4 and its scale bytes, per-group descriptors patched in the
            workspace) -> a `stages`-deep mbarrier pipeline; TMA of fp16 A tiles (64 K each)
            -> an `a_slots`-deep ring; one producer warp issues both
@@ -15,8 +17,10 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        setmaxnreg moving registers from the producer warpgroup to them) dequantizes B (weights)
        to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
        scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
-    -> epilogue scales by 2^7 and writes C with per-element bounds checks (rows >= m and
-       cols >= n untouched).
+    -> epilogue scales by 2^14 (both operands carried 2^-7) and writes C with per-element
+       bounds checks (rows >= m and cols >= n untouched).
+With Config.stream_k the tiles past the last full wave are split by K across all CTAs, partial
+sums passing through the workspace (stream_k_roles.py; not yet run on a GPU).
 v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
 swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
 small problems, where phase 1 and the barrier cost more than the conversions they save.
@@ -36,7 +40,8 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
 are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-per_tile.py (v2) and weights.py (weights into wgmma registers, both versions); structure.py has
+stream_k_roles.py (v3's stream-K producer and consumers), per_tile.py (v2) and weights.py
+(weights into wgmma registers, both versions); structure.py has
 the layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
 

@@ -115,9 +115,12 @@ class StagedA:
                 self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
     def _producer_role(self, *args) -> None:
+        """The producer of this build: stream-K (stream_k_roles.py) or data-parallel. Chosen
+        while tracing, so a build holds one of them."""
         (self._producer_sk if self.config.stream_k else self._producer_a16)(*args)
 
     def _consumer_role(self, *args) -> None:
+        """The consumers of this build, as _producer_role."""
         (self._consumer_sk if self.config.stream_k else self._consumer_a16)(*args)
 
     @cute.jit
