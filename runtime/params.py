@@ -8,8 +8,8 @@ cuda-python 11.x to cuda.bindings 13.4), and the driver copies the values at lau
 graph capture), so a buffer may be rewritten as soon as the launch call returns.
 
 Values are keyed by role: a table parameter by its table name ('pointers', 'problem_sizes',
-'cta_prefix', 'tensormap_workspace', 'grid_barrier'), a scalar by its value name ('num_groups'), a TMA
-template by its parameter name. `zeros` parameters take no value.
+'cta_prefix', 'tensormap_workspace', 'grid_barrier'), a scalar by its value name
+('num_groups'), a TMA template by its parameter name. `zeros` parameters take no value.
 """
 
 from __future__ import annotations

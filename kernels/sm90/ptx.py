@@ -249,8 +249,3 @@ def ld_global_cg_v4_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple:
     )
     return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
-
-@dsl_user_op
-def fence_acq_rel_gpu(*, loc: Any = None, ip: Any = None) -> None:
-    """fence.acq_rel.gpu: this thread's prior writes ordered before its later ones, GPU-wide."""
-    _asm("fence.acq_rel.gpu;", "", [], loc, ip)

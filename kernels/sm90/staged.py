@@ -235,10 +235,11 @@ class StagedA:
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(atoms, ws, bidx)
-        first, kb = bidx, Int32(0)
+        first, kb = bidx, 0  # the data-parallel first tile, from its first stage
         if cutlass.const_expr(self.config.stream_k):
-            group, pre, first, kb = self._sk_first(sizes, prefix, total_tiles, bidx, grid,
-                                                   num_groups)
+            group, pre, first, kb = self._sk_first(
+                sizes, prefix, total_tiles, bidx, grid, num_groups,
+                self._sk_range(sizes, prefix, total_tiles, bidx, grid, num_groups))
         else:
             group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         if pre > 0:
@@ -250,14 +251,9 @@ class StagedA:
                                                    self.stages)
             d_b = self._desc(ws, bidx, 0, OP_B)
             d_sfb = self._desc(ws, bidx, 0, OP_SFB)
-            if cutlass.const_expr(self.config.stream_k):
-                for kt in cutlass.range(kb, kb + pre, unroll=1):
-                    b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
-                                              tile_n_idx * self.tile_n)
-            else:
-                for kt in cutlass.range(pre, unroll=1):
-                    b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
-                                              tile_n_idx * self.tile_n)
+            for kt in cutlass.range(kb, kb + pre, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
+                                          tile_n_idx * self.tile_n)
 
     @cute.jit
     def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b) -> Any:

@@ -15,8 +15,9 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from .config import K_TILE, SUB_K
-from .ptx import (fence_acq_rel_gpu, ld_acquire_gpu_u32, ld_global_cg_v4_f32, nanosleep,
-                  red_add_release_gpu_u32, st_global_v4_f32)
+from .ptx import (ld_acquire_gpu_u32, ld_global_cg_v4_f32, nanosleep, red_add_release_gpu_u32,
+                  st_global_v4_f32)
+from .staged import _Slot
 from .stream_k import dp_tiles, piece, unit_owner, unit_range
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SUB_STEPS
 
@@ -32,13 +33,6 @@ def desc_sets(stages: int, a_slots: int, sub_steps: int) -> int:
 
 _NO_END = 1 << 30  # k_end of a whole tile before it is clamped to the tile's stages
 _SK_BARRIER = 2  # named barrier of the consumer warps (0 is the CTA's, 1 is v2's step barrier)
-
-
-class _Slot:
-    """A pipeline position by buffer index alone (as staged._Slot)."""
-
-    def __init__(self, index) -> None:
-        self.index = index
 
 
 class StreamK:
@@ -96,12 +90,18 @@ class StreamK:
         return tile, kb, ke, ts, dp_left, tile_dp, u_hi
 
     @cute.jit
-    def _sk_first(self, sizes, prefix, total_tiles, bidx, grid, num_groups) -> tuple:
-        """(group, weight stages to prefetch, tile, k_begin) of this CTA's first work item;
-        group -1 and 0 stages without one."""
+    def _sk_range(self, sizes, prefix, total_tiles, bidx, grid, num_groups) -> tuple:
+        """(tiles computed whole, stream-K units, this CTA's first unit, its unit end)."""
         t_dp = dp_tiles(total_tiles, grid)
         units = self._sk_units(t_dp, sizes, prefix, num_groups)
         u_lo, u_hi = unit_range(bidx, units, grid)
+        return t_dp, units, u_lo, u_hi
+
+    @cute.jit
+    def _sk_first(self, sizes, prefix, total_tiles, bidx, grid, num_groups, sk_range) -> tuple:
+        """(group, weight stages to prefetch, tile, k_begin) of this CTA's first work item
+        (`sk_range` from _sk_range); group -1 and 0 stages without one."""
+        t_dp, _, u_lo, u_hi = sk_range
         tile, kb, ke, _, _, _, _ = self._sk_next(total_tiles // grid, bidx, u_lo, u_hi, t_dp,
                                                  grid, sizes, prefix, num_groups)
         group = Int32(-1)
@@ -119,13 +119,12 @@ class StreamK:
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.config.a_slots)
+        sk_range = self._sk_range(sizes, prefix, total_tiles, bidx, grid, num_groups)
+        t_dp, _, u_lo, u_hi = sk_range
         prev_group, pre, _, _ = self._sk_first(sizes, prefix, total_tiles, bidx, grid,
-                                               num_groups)
+                                               num_groups, sk_range)
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
-        t_dp = dp_tiles(total_tiles, grid)
-        units = self._sk_units(t_dp, sizes, prefix, num_groups)
-        u_lo, u_hi = unit_range(bidx, units, grid)
         dp_left = total_tiles // grid
         tile_dp = bidx
         desc_set = Int32(0)
@@ -166,9 +165,8 @@ class StreamK:
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                self.config.a_slots)
         prev_slot = Int32(0)
-        t_dp = dp_tiles(total_tiles, grid)
-        units = self._sk_units(t_dp, sizes, prefix, num_groups)
-        u_lo, u_hi = unit_range(bidx, units, grid)
+        t_dp, units, u_lo, u_hi = self._sk_range(sizes, prefix, total_tiles, bidx, grid,
+                                                 num_groups)
         dp_left = total_tiles // grid
         tile_dp = bidx
         while dp_left > 0 or u_hi > u_lo:
@@ -241,7 +239,7 @@ class StreamK:
         for i in cutlass.range_constexpr(cute.size(acc) // 4):
             st_global_v4_f32(slot + (i * self.consumer_threads + ct) * 16, acc[4 * i],
                              acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3])
-        fence_acq_rel_gpu()
+        cute.arch.fence_acq_rel_gpu()
         consumers.arrive_and_wait()
         if ct == 0:
             red_add_release_gpu_u32(slot + self.sk_flag_offset, 1)
