@@ -43,3 +43,10 @@ def scales_w(two_scale_bytes: Any) -> Uint32:
     65504), for dequant_word_w's `scales` (which picks one half)."""
     return mul_f16x2(e4m3x2_to_f16x2(two_scale_bytes), Uint32(W_SCALE_F16X2))
 
+
+
+def dequant_chunk(words: Any, two_scale_bytes: Any) -> list[list[Uint32]]:
+    """Four words (32 K) whose two 16-K blocks' scales are the two bytes: words 0, 1 take the
+    first scale (half 0), words 2, 3 the second. One dequant_word_w list per word."""
+    both = scales_w(two_scale_bytes)
+    return [dequant_word_w(words[i], both, i // 2) for i in range(4)]

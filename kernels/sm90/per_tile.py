@@ -15,7 +15,7 @@ from kernels import tables
 
 from . import tma
 from .config import FP16_BUFFERS, K_TILE, SCALE_STAGE_BYTES, SUB_K
-from .dequant import dequant_word_w, scales_w
+from .dequant import dequant_chunk, dequant_word_w, scales_w
 from .fp4_bits import permuted_chunk
 from .ptx import (ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
                   st_shared_v2, st_shared_v4)
@@ -212,9 +212,7 @@ class PerTileA:
         scale_at = scale_word_offset(sr, s, 1, base=scales) + first_word // 2
         if cutlass.const_expr(words == 4):
             w = ld_shared_v4(src)
-            # Words 0, 1 take the first 16-K block's scale (half 0), words 2, 3 the second.
-            both = scales_w(ld_shared_u16(scale_at))
-            outs = [dequant_word_w(w[i], both, i // 2) for i in range(words)]
+            outs = dequant_chunk(w, ld_shared_u16(scale_at))
         else:
             w = ld_shared_v2(src)
             # One scale for both words; it may be the high byte of its aligned 16-bit pair,

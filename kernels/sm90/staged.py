@@ -18,7 +18,7 @@ from kernels import tables
 
 from . import tma
 from .config import K_TILE, SUB_K
-from .dequant import dequant_word_w, scales_w
+from .dequant import dequant_chunk
 from .fp4_bits import permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, nanosleep, red_add_release_gpu_u32,
@@ -170,9 +170,7 @@ class StagedA:
                 scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
             for u in cutlass.range_constexpr(STAGE_UNROLL):
-                # Words 0, 1 take the first 16-K block's scale (half 0), words 2, 3 the second.
-                both = scales_w(scales[u])
-                outs = [dequant_word_w(words[u][i], both, i // 2) for i in range(4)]
+                outs = dequant_chunk(words[u], scales[u])
                 # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
                 vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
                        for q in range(4)}
