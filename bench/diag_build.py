@@ -17,6 +17,8 @@ first three):
   phase1_only   no tiles: A staging, the grid barrier and the launch alone
   stage_only    no tiles, no grid barrier: A staging and the launch
   empty         no tiles, no barrier, no staging: the launch, setup and teardown
+  bare          the kernel returns after its smem check: the launch alone (empty minus bare
+                is the setup and teardown: barriers, descriptor templates, first weight loads)
   stage_nofence stage_only without the staging's closing proxy fence
   stage_nostore stage_only without the staging's stores (loads and conversion kept)
   nostore       the whole loop without the epilogue's C stores
@@ -135,6 +137,17 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     # (launch, setup and teardown alone).
     "stage_only": [*_NO_TILES, _NO_BARRIER],
     "empty": [*_NO_TILES, _NO_BARRIER, (STAGED, _STAGING, "            pass\n")],
+    "bare": [
+        (MAIN, """        if cutlass.const_expr(self.a_fp16):
+            self._kernel_a16(""", """        if cutlass.const_expr(False):
+            pass
+        elif cutlass.const_expr(False):
+            self._kernel_a16("""),
+        (MAIN, """        else:
+            self._kernel_v2(""", """        elif cutlass.const_expr(False):
+            self._kernel_v2("""),
+        _NO_GUARD,
+    ],
     # stage_only's staging without its closing proxy fence, or without its stores.
     "stage_nofence": [*_NO_TILES, _NO_BARRIER,
                       (STAGED, _STAGING_END,

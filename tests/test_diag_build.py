@@ -29,7 +29,7 @@ def test_every_edit_matches_the_kernel_once(variant: str) -> None:
 def test_unknown_variant_and_moved_code_are_errors() -> None:
     with pytest.raises(ValueError) as info:
         diag_build.patched(SOURCES, "fast")
-    assert str(info.value) == ("variant must be one of ['compute_only', 'empty', 'half_a', "
+    assert str(info.value) == ("variant must be one of ['bare', 'compute_only', 'empty', 'half_a', "
                                "'noconv', 'nomma', 'nostore', 'phase1_only', 'stage_nofence', "
                                "'stage_nostore', 'stage_only', 'sync_only'], but got 'fast'")
     moved = dict(SOURCES, **{"weights.py": SOURCES["weights.py"].replace(

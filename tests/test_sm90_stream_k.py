@@ -85,14 +85,21 @@ def test_owner_inverts_the_ranges() -> None:
 
 
 def test_descriptor_sets_outlast_both_rings() -> None:
-    """A set is patched again after (sets - 1) pieces of at least one stage: that must refill
-    the weight ring (`stages` slots) and the A ring (`a_slots` tiles of 64 K, 4 per stage)."""
-    pytest.importorskip("cutlass")  # stream_k_roles is device code
-    from kernels.sm90.stream_k_roles import desc_sets
+    """A set is patched again after (sets - 1) group changes of at least one stage each: that
+    must refill the weight ring (`stages` slots) and, in v3, the A ring (`a_slots` tiles of
+    64 K, 4 per stage), whatever the tiles' k. Every kernel, stream-K or not, since a
+    data-parallel CTA walking several small-k groups changes groups every tile."""
+    pytest.importorskip("cutlass")  # grouped_gemm is device code
+    from kernels.sm90.config import Config, check
+    from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 
-    assert desc_sets(3, 8, 4) == 4  # the default config
-    for stages in range(2, 9):
-        for a_slots in range(2, 33):
-            sets = desc_sets(stages, a_slots, 4)
-            assert sets - 1 >= stages and 4 * (sets - 1) >= a_slots
-            assert sets - 2 < stages or 4 * (sets - 2) < a_slots  # and no more than needed
+    assert Sm90GroupedGemm(Config()).desc_sets == 4  # the default config
+    assert Sm90GroupedGemm(Config(a_fp16=False)).desc_sets == 4
+    for stages in range(2, 6):
+        for a_slots in range(4, 17, 4):
+            for a_fp16 in (True, False):
+                config = Config(tile_m=64, stages=stages, a_slots=a_slots, a_fp16=a_fp16)
+                assert check(config) == []
+                sets = Sm90GroupedGemm(config).desc_sets
+                ring = max(stages, a_slots // 4) if a_fp16 else stages
+                assert sets - 1 >= ring and sets - 2 < ring, (stages, a_slots, a_fp16)

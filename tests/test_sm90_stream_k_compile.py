@@ -33,10 +33,10 @@ print(json.dumps(out))
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")
 def test_stream_k_builds_with_partial_slots_and_a_hand_off() -> None:
     out = run_sm90_script(SCRIPT.format(repo=str(REPO)))
-    # 2 sets of 4 tensor maps of 128 bytes; with stream-K 4 sets, one fp32 192 x 128 partial and
-    # its flag
-    assert out["off"]["per_cta"] == 1024
-    assert out["on"]["per_cta"] == 2048 + 192 * 128 * 4 + 128  # 4 sets (stream_k_roles)
+    # 4 sets (tma.sets_needed) of 4 tensor maps of 128 bytes; with stream-K also one fp32
+    # 192 x 128 partial and its flag
+    assert out["off"]["per_cta"] == 2048
+    assert out["on"]["per_cta"] == 2048 + 192 * 128 * 4 + 128
     assert out["off"]["cg_loads"] == out["off"]["f32_stores"] == 0
     assert out["on"]["cg_loads"] > 0 and out["on"]["f32_stores"] > 0
     # the grid barrier's release, plus the partial flag's

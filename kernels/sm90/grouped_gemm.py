@@ -73,7 +73,7 @@ from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
-from .stream_k_roles import StreamK, desc_sets
+from .stream_k_roles import StreamK
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 from .weights import WeightFragments
 
@@ -104,9 +104,11 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         # Stream-K: per CTA one fp32 partial tile, then its ready flag on a line of its own.
         self.sk_flag_offset = config.tile_n * config.tile_m * 4
         self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
-        # Descriptor sets per CTA, used in turn on group changes (tma.py).
-        self.desc_sets = (desc_sets(config.stages, config.a_slots, SUB_STEPS) if config.stream_k
-                          else tma.SETS)
+        # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
+        # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
+        self.desc_sets = tma.sets_needed(
+            max(config.stages, -(-config.a_slots // SUB_STEPS)) if config.a_fp16
+            else config.stages)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -336,6 +338,10 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
     def _desc(self, ws: Any, cta: Any, set_idx: Any, operand: int) -> Any:
         return tma.descriptor_ptr(ws, cta, set_idx, operand, self.desc_sets)
 
+    def _next_set(self, desc_set: Any) -> Any:
+        """The descriptor set a group change patches: the sets are used in turn."""
+        return (desc_set + 1) % self.desc_sets
+
     @staticmethod
     def _scale_tensor(address: Int64, rows: Int32, scale_k: Int32) -> cute.Tensor:
         """An operand's blocked scales as the (256 bytes, 2 x 64-K atoms, 128-row blocks) view
@@ -346,7 +352,7 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
 
     @cute.jit
     def _copy_templates(self, atoms, ws, bidx) -> None:
-        """Copy the descriptor templates (kernel parameters) into both of this CTA's sets."""
+        """Copy the descriptor templates (kernel parameters) into every one of this CTA's sets."""
         with cute.arch.elect_one():
             for s in cutlass.range_constexpr(self.desc_sets):
                 for o in cutlass.range_constexpr(len(atoms)):

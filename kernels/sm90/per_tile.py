@@ -61,19 +61,19 @@ class PerTileA:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         group = Int32(0)
         prev_group = Int32(-1)
-        desc_set = Int32(1)
+        desc_set = Int32(self.desc_sets - 1)  # the first group patches set 0
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             if group != prev_group:
-                desc_set = 1 - desc_set
+                desc_set = self._next_set(desc_set)
                 self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
                 prev_group = group
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
-            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
-            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
-            d_sfa = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFA)
+            d_b = self._desc(ws, bidx, desc_set, OP_B)
+            d_a = self._desc(ws, bidx, desc_set, OP_A)
+            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
+            d_sfa = self._desc(ws, bidx, desc_set, OP_SFA)
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
             for kt in cutlass.range(k // K_TILE, unroll=1):

@@ -301,14 +301,14 @@ class StagedA:
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             if group != prev_group:
-                desc_set = 1 - desc_set
+                desc_set = self._next_set(desc_set)
                 self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
                                             a16_base, m, n, k)
                 prev_group = group
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = tma.descriptor_ptr(ws, bidx, desc_set, OP_B)
-            d_a = tma.descriptor_ptr(ws, bidx, desc_set, OP_A)
-            d_sfb = tma.descriptor_ptr(ws, bidx, desc_set, OP_SFB)
+            d_b = self._desc(ws, bidx, desc_set, OP_B)
+            d_a = self._desc(ws, bidx, desc_set, OP_A)
+            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
             for kt in cutlass.range(pre, unroll=1):  # weights already loaded (first tile)

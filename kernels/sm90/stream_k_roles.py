@@ -23,14 +23,6 @@ from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SUB_STEPS
 
 
 
-def desc_sets(stages: int, a_slots: int, sub_steps: int) -> int:
-    """Descriptor sets of a stream-K kernel, used in turn on group changes. A set is patched
-    again only after (sets - 1) other groups' pieces, at least one stage each, have been
-    loaded: at least `stages` weight stages and `a_slots` A tiles later, so both rings have
-    been refilled past every load that read it. (Two sets, as the data-parallel kernel has,
-    rely on its tiles having at least `stages` stages.) 4 for the default config."""
-    return max(stages, -(-a_slots // sub_steps)) + 1
-
 _NO_END = 1 << 30  # k_end of a whole tile before it is clamped to the tile's stages
 _SK_BARRIER = 2  # named barrier of the consumer warps (0 is the CTA's, 1 is v2's step barrier)
 
@@ -134,7 +126,7 @@ class StreamK:
             group, m, n, k = self._group_of(tile, Int32(0), prefix, sizes)
             ke = cutlass.min(ke, k // K_TILE)
             if group != prev_group:
-                desc_set = (desc_set + 1) % self.desc_sets
+                desc_set = self._next_set(desc_set)
                 self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
                                             a16_base, m, n, k)
                 prev_group = group
