@@ -41,13 +41,8 @@ class Config:
     # conversion chain. 1-2% slower on the H200 (bench/RESULTS.md, 2026-11-30, fifth session).
     w_prefetch: bool = False
     # With a_fp16: the tiles past the last full wave are split by K across all CTAs (stream-K,
-    # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it
-    # lost 7% on moe_down and gained 2% on dense_a (bench/RESULTS.md, 2026-11-30, sixth).
+    # kernels/sm90/stream_k.py), partial sums passed through the workspace. Not yet run on a GPU.
     stream_k: bool = False
-    # With a_fp16: A is staged by the producer warpgroup's three idle warps while the tile loop
-    # runs, in K phases (STAGING_PHASE_K) the producer waits for one by one, instead of by
-    # every warp before a grid barrier: the consumers start on the first phase.
-    overlap_staging: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -101,14 +96,6 @@ def check(config: Config) -> list[str]:
     if config.stream_k is True and config.w_prefetch is True:
         reasons.append("stream_k and w_prefetch do not combine (the stream-K consumer has no "
                        "prefetching path)")
-    if not isinstance(config.overlap_staging, bool):
-        reasons.append(f"overlap_staging must be true or false, but got "
-                       f"{config.overlap_staging!r}")
-    if config.overlap_staging is True and config.a_fp16 is False:
-        reasons.append("overlap_staging needs a_fp16: true (only the staged-A kernel stages A)")
-    if config.overlap_staging is True and config.stream_k is True:
-        reasons.append("overlap_staging and stream_k do not combine (stream-K's partial flags "
-                       "rely on the grid barrier that overlap_staging removes)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
     if config.a_fp16 and not config.w_regs:

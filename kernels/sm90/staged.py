@@ -23,8 +23,7 @@ from .fp4_bits import permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, nanosleep, red_add_release_gpu_u32,
                   select_bits, st_global_v4, st_relaxed_gpu_u32)
-from .staging import (A_CHUNK_K, PAIR_SEND, PAIR_STORES, STAGING_EXIT, STAGING_PHASE_K,
-                      STAGING_PHASES, chunk_addresses, pair_store_offset, phase_of, phase_window)
+from .staging import A_CHUNK_K, PAIR_SEND, PAIR_STORES, chunk_addresses, pair_store_offset
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 
 # Registers per thread with three consumer warpgroups (512 threads, 128 each at launch): the
@@ -41,12 +40,6 @@ assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_RE
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
-# overlap_staging: warps 1..3 stage A during the tile loop, synchronizing among themselves on
-# this named barrier (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers), and with
-# warp 0 at the end on the next.
-OVERLAP_STAGERS = 3 * 32
-_STAGERS_BARRIER, _EXIT_BARRIER = 3, 4
-OVERLAP_UNROLL = 2  # at PRODUCER_REGS registers, 4 chunks in flight spill
 
 
 class _Slot:
@@ -83,29 +76,18 @@ class StagedA:
                 st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
         desc_base = ws_base + HEADER_BYTES
-        overlap = self.config.overlap_staging
-        barrier = grid_barrier.toint()
-        if cutlass.const_expr(overlap):
-            # No phase 1: every role starts at once (this barrier makes the pipelines' mbarrier
-            # initialization visible), warp 0 with its prologue.
-            cute.arch.barrier()
-            if warp_idx == 0:
-                self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                        prefix, desc_base, a16_base, total_tiles, bidx, grid,
-                                        num_groups)
+        if warp_idx == 0:
+            self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
+                                    prefix, desc_base, a16_base, total_tiles, bidx, grid,
+                                    num_groups)
         else:
-            if warp_idx == 0:
-                self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                        prefix, desc_base, a16_base, total_tiles, bidx, grid,
-                                        num_groups)
-            else:
-                self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
-            cute.arch.barrier()
-            if tidx == 32:
-                self._grid_barrier(barrier, grid)
-            cute.arch.barrier()
-            # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
-            fence_proxy_async_global()
+            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
+        cute.arch.barrier()
+        if tidx == 32:
+            self._grid_barrier(grid_barrier.toint(), grid)
+        cute.arch.barrier()
+        # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
+        fence_proxy_async_global()
 
         # Each role is called from two places below: its arguments, written once.
         producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
@@ -114,9 +96,6 @@ class StagedA:
         if cutlass.const_expr(self.config.stream_k):
             producer_args = (*producer_args, num_groups)
             consumer_args = (*consumer_args, num_groups, sk_base)
-        if cutlass.const_expr(overlap):
-            producer_args = (*producer_args, num_groups, barrier)
-        stager_args = (sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid, barrier)
         rebalance = self.consumer_threads == REBALANCED_CONSUMER_WARPGROUPS * WARPGROUP
         if cutlass.const_expr(rebalance):
             # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
@@ -126,22 +105,12 @@ class StagedA:
                 cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
                     self._producer_role(*producer_args)
-                elif cutlass.const_expr(overlap):
-                    self._stage_a_phased(*stager_args)
-                if cutlass.const_expr(overlap):
-                    self._staging_exit(barrier, tidx, grid)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
                 self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
                 self._producer_role(*producer_args)
-            elif cutlass.const_expr(overlap):
-                if warp_idx < 4:
-                    self._stage_a_phased(*stager_args)
-            if cutlass.const_expr(overlap):
-                if warp_idx < 4:
-                    self._staging_exit(barrier, tidx, grid)
             if warp_idx >= 4:
                 self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
@@ -167,120 +136,40 @@ class StagedA:
         conversion, and the phase is one memory round trip per thread for calls of up to
         STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
         stagers = self.threads - 32  # warp 0 runs _producer_prologue meanwhile
+        stride = grid * stagers
         total = Int32(0)
         for g in cutlass.range(num_groups, unroll=1):
             total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
-        self._stage_chunks(sizes, ptrs, a16_base, tidx, bidx * stagers + tidx, grid * stagers,
-                           total, None)
-        fence_proxy_async_global()
-
-    @cute.jit
-    def _stage_a_phased(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid,
-                        barrier) -> None:
-        """overlap_staging: warps 1..3 (`tidx` 0..95) stage A while the tile loop runs, in K
-        phases (staging.phase_window: every group's rows over one K range). After its share
-        of phase p, each CTA adds 1 to counter p at `barrier` (release), and the producers wait
-        for grid arrivals there before their first A load in that phase (_await_phase). A
-        CTA's counters are released in phase order, so counter p at grid means phases <= p."""
-        phases = self._staging_phases(sizes, num_groups)
-        stagers = pipeline.NamedBarrier(barrier_id=_STAGERS_BARRIER, num_threads=OVERLAP_STAGERS)
-        for p in cutlass.range(phases, unroll=1):
-            total = Int32(0)
-            for g in cutlass.range(num_groups, unroll=1):
-                _, width = phase_window(p, phases, sizes[g, tables.COL_K], cutlass.min,
-                                        cutlass.max)
-                total += sizes[g, tables.COL_M] * width
-            self._stage_chunks(sizes, ptrs, a16_base, tidx, bidx * OVERLAP_STAGERS + tidx,
-                               grid * OVERLAP_STAGERS, total, (p, phases), OVERLAP_UNROLL)
-            fence_proxy_async_global()
-            stagers.arrive_and_wait()
-            if tidx == 0:
-                red_add_release_gpu_u32(barrier + p * 4, 1)
-
-    @cute.jit
-    def _staging_phases(self, sizes, num_groups) -> Int32:
-        """Staging phases of this call: the largest K in STAGING_PHASE_K steps, at most
-        STAGING_PHASES (the last takes the rest)."""
-        max_k = Int32(0)
-        for g in cutlass.range(num_groups, unroll=1):
-            max_k = cutlass.max(max_k, sizes[g, tables.COL_K])
-        return cutlass.max(cutlass.min((max_k + STAGING_PHASE_K - 1) // STAGING_PHASE_K,
-                                       Int32(STAGING_PHASES)), Int32(1))
-
-    @cute.jit
-    def _await_phase(self, barrier, kt, phases, ready, grid) -> Int32:
-        """Producer, before loading stage kt's fp16 A: wait until every CTA has staged its
-        phase (ready: the last phase seen complete, carried by the caller)."""
-        p = phase_of(kt * K_TILE, phases, cutlass.min)
-        if p > ready:
-            now = ld_acquire_gpu_u32(barrier + p * 4)
-            while now < Uint32(grid):
-                nanosleep(32)
-                now = ld_acquire_gpu_u32(barrier + p * 4)
-            # The fp16 A (generic proxy, other CTAs) is read by TMA (async proxy).
-            fence_proxy_async_global()
-            ready = p
-        return ready
-
-    @cute.jit
-    def _staging_exit(self, barrier, tidx, grid) -> None:
-        """Warp 0 and the stagers, done: the last CTA out zeroes the phase counters for the
-        next launch (no CTA reads them after its own arrival here)."""
-        cute.arch.barrier(barrier_id=_EXIT_BARRIER, number_of_threads=WARPGROUP)
-        if tidx == 0:
-            done = atom_add_acq_rel_gpu_u32(barrier + STAGING_EXIT, 1)
-            if done == Uint32(grid - 1):
-                for p in cutlass.range_constexpr(STAGING_PHASES):
-                    st_relaxed_gpu_u32(barrier + p * 4, 0)
-                st_relaxed_gpu_u32(barrier + STAGING_EXIT, 0)
-
-    @cute.jit
-    def _stage_chunks(self, sizes, ptrs, a16_base, tidx, c, stride, total, phase,
-                      unroll=STAGE_UNROLL) -> None:
-        """The staging loop: chunks c, c + stride, ... below `total` of the call's index space
-        (group after group, rows in order, K chunks fastest; with `phase` = (p, phases) only
-        that phase's K window of each row), `unroll` chunks' loads in flight per thread."""
         # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
-        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area.
+        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
+        # (A_CHUNK_K fp16 = 64 bytes per chunk).
         group = Int32(-1)
         first = Int32(0)
         count = Int32(0)
         offset = Int64(0)
-        span = Int64(0)  # the group's fp16 bytes (phased: count no longer measures them)
-        kc0 = Int32(0)
-        width = Int32(0)
+        c = bidx * stagers + tidx
         # Pair stores (staging.PAIR_STORES): the odd lane of a pair takes `odd` = all ones.
         odd = Uint32(0) - Uint32(tidx % 2)
         # Warp-uniform trip count (the shuffles need the whole warp); a lane past the end loads
         # a valid chunk and stores nothing, as in the last iteration.
         while c - tidx % 32 < total:
             dsts, words, scales = [], [], []
-            for u in cutlass.range_constexpr(unroll):
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
                 # Past the end: load the last chunk again (valid memory), store nothing.
                 cu = cutlass.min(c + u * stride, total - 1)
-                while cu >= first + count:  # groups without chunks are skipped
+                while cu >= first + count:  # groups of m = 0 have no chunks and are skipped
                     first += count
+                    offset += Int64(count) * Int64(A_CHUNK_K * 2)
                     group += 1
-                    if cutlass.const_expr(phase is None):
-                        offset += Int64(count) * Int64(A_CHUNK_K * 2)
-                        count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K]
-                                                              // A_CHUNK_K)
-                    else:
-                        offset += span
-                        span = (Int64(sizes[group, tables.COL_M])
-                                * Int64(sizes[group, tables.COL_K] * 2))
-                        kc0, width = phase_window(phase[0], phase[1], sizes[group, tables.COL_K],
-                                                  cutlass.min, cutlass.max)
-                        count = sizes[group, tables.COL_M] * width
+                    count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
                 src, sf, dst = chunk_addresses(
                     cu, first, sizes[group, tables.COL_K],
                     lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
-                             a16_base + offset), Int64,
-                    None if phase is None else (kc0, width))
+                             a16_base + offset), Int64)
                 words.append(ld_global_nc_v4(src))
                 scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
-            for u in cutlass.range_constexpr(unroll):
+            for u in cutlass.range_constexpr(STAGE_UNROLL):
                 outs = dequant_chunk(words[u], scales[u])
                 # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
                 vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
@@ -297,7 +186,8 @@ class StagedA:
                         st_global_v4(dsts[u] + Int64(pair_store_offset(i, tidx % 2)),
                                      *[select_bits(vec[odd_v][w], vec[even_v][w], odd)
                                        for w in range(4)])
-            c += unroll * stride
+            c += STAGE_UNROLL * stride
+        fence_proxy_async_global()
 
     @cute.jit
     def _grid_barrier(self, barrier, grid) -> None:
@@ -394,10 +284,8 @@ class StagedA:
 
     @cute.jit
     def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                      prefix, desc_base, a16_base, total_tiles, bidx, grid, num_groups=None,
-                      barrier=None) -> None:
-        """After the grid barrier (or, with overlap_staging, `barrier`'s phase counters, awaited
-        before each stage's A); _producer_prologue has copied the templates and loaded the
+                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+        """After the grid barrier; _producer_prologue has copied the templates and loaded the
         first tile's first `pre` weight stages with descriptor set 0."""
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
@@ -409,10 +297,6 @@ class StagedA:
             b_state.advance()
         group = Int32(0)
         desc_set = Int32(0)
-        ready = Int32(-1)  # overlap_staging: the last staging phase seen complete
-        phases = Int32(0)
-        if cutlass.const_expr(barrier is not None):
-            phases = self._staging_phases(sizes, num_groups)
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -428,13 +312,9 @@ class StagedA:
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
             for kt in cutlass.range(pre, unroll=1):  # weights already loaded (first tile)
-                if cutlass.const_expr(barrier is not None):
-                    ready = self._await_phase(barrier, kt, phases, ready, grid)
                 a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
             for kt in cutlass.range(pre, k // K_TILE, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
-                if cutlass.const_expr(barrier is not None):
-                    ready = self._await_phase(barrier, kt, phases, ready, grid)
                 a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
             pre = Int32(0)
             tile += grid

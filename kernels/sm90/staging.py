@@ -16,41 +16,18 @@ from .config import SCALE_ATOM_BYTES, SUB_K
 
 A_CHUNK_K = 32  # K elements per staging chunk: 16 packed bytes in, 64 fp16 bytes out
 
-# overlap_staging: A is staged in K phases of this many elements (every group's rows over
-# [p * STAGING_PHASE_K, (p + 1) * STAGING_PHASE_K)), each released on its own counter; the last
-# of at most STAGING_PHASES phases also takes the rest of K.
-STAGING_PHASE_K = 512
-STAGING_PHASES = 14  # u32 counters at the start of the kernel's 128-byte barrier memory
-STAGING_EXIT = 64  # byte offset there of the counter of CTAs done with the phases
-
-
-def phase_of(k_offset: Any, phases: Any, minimum: Any = min) -> Any:
-    """The staging phase that holds K offset `k_offset` (of any group) when `phases` exist."""
-    return minimum(k_offset // STAGING_PHASE_K, phases - 1)
-
-
-def phase_window(p: Any, phases: Any, k: Any, minimum: Any = min,
-                 maximum: Any = max) -> tuple[Any, Any]:
-    """(first chunk of the row, chunks per row) of phase p in a group whose K is k: empty
-    (width 0) when the group's K ends before the phase."""
-    lo = p * STAGING_PHASE_K
-    last = (p + 1) // phases  # 1 in the last phase, else 0: no branch on a traced value
-    hi = minimum(k, lo + STAGING_PHASE_K + last * (1 << 30))
-    return lo // A_CHUNK_K, maximum(hi - lo, 0) // A_CHUNK_K
-
 
 def chunk_addresses(index: Any, first: Any, k: Any, bases: Any,
-                    wide: Any = int, window: Any = None) -> tuple[Any, Any, Any]:
+                    wide: Any = int) -> tuple[Any, Any, Any]:
     """(packed A, scale, fp16 output) byte addresses of chunk `index` of the call, the chunk
     `index - first` of its group, whose K is k.
     `bases()` gives the group's A pointer, SFA pointer and staging start (called after the
     index arithmetic, where the kernel has always read them); `wide` makes a 64-bit integer
-    (Int64 in the kernel) of the row terms. Pass `lambda: (0, 0, 0)` for offsets. `window`,
-    (first chunk, chunks per row), numbers only that K range of each row (a staging phase)."""
-    kc0, chunks_per_row = window if window is not None else (0, k // A_CHUNK_K)
+    (Int64 in the kernel) of the row terms. Pass `lambda: (0, 0, 0)` for offsets."""
+    chunks_per_row = k // A_CHUNK_K
     local = index - first
     row = local // chunks_per_row
-    kc = local - row * chunks_per_row + kc0
+    kc = local - row * chunks_per_row
     j = kc * 2  # blocked scales: 16-K blocks 2 kc and 2 kc + 1 are adjacent
     sf = (((row // 128) * (k // 64) + j // 4) * SCALE_ATOM_BYTES
           + (row % 32) * 16 + ((row % 128) // 32) * 4 + j % 4)
