@@ -89,7 +89,8 @@ class KernelEntry:
     cluster: tuple[int, int, int]
     dynamic_smem: int
     sm_count: int | None  # an SM count baked into the cubin, None if read at run time
-    grid: dict[str, Any]  # {"policy": "persistent", "ctas_per_sm": int}
+    # {"policy": "persistent", "ctas_per_sm": int, optional "cooperative": bool, "every_sm": bool}
+    grid: dict[str, Any]
     tile: dict[str, int]  # {"m": .., "n": .., "k": ..} of the output tile the prefix table counts
     constraints: dict[str, Any]  # shapes served: {"groups": [[m, n, k], ...], "k_multiple": ..}
     tables: dict[str, Any]  # layout of each device table the params point at

@@ -94,7 +94,9 @@ def cta_prefix(shapes: Sequence[Shape], tile_m: int, tile_n: int) -> tuple[int, 
 
 def grid_size(entry: KernelEntry, total_tiles: int, sm_count: int) -> int:
     """CTAs to launch. Persistent: min(total tiles, SMs x CTAs per SM), rounded up to a whole
-    number of clusters (the kernel clamps each CTA's tile range, so spare CTAs exit)."""
+    number of clusters (the kernel clamps each CTA's tile range, so spare CTAs exit); with
+    grid.every_sm (stream-K kernels, which split tiles' K over every CTA) SMs x CTAs per SM
+    whatever the tile count."""
     policy = entry.grid.get("policy")
     if policy != "persistent":
         raise ManifestError(f"kernel {entry.name!r}: grid.policy must be 'persistent', "
@@ -103,13 +105,17 @@ def grid_size(entry: KernelEntry, total_tiles: int, sm_count: int) -> int:
     if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
         raise ManifestError(f"kernel {entry.name!r}: grid.ctas_per_sm must be a positive int, "
                             f"but got {per_sm!r}")
+    every_sm = entry.grid.get("every_sm", False)
+    if not isinstance(every_sm, bool):
+        raise ManifestError(f"kernel {entry.name!r}: grid.every_sm must be true or false, "
+                            f"but got {every_sm!r}")
     if total_tiles <= 0:
         return 0
     cx, cy, cz = entry.cluster
     if cy != 1 or cz != 1:
         raise ManifestError(f"kernel {entry.name!r}: a persistent 1-D grid needs cluster "
                             f"(x, 1, 1), but got {entry.cluster}")
-    grid = min(total_tiles, sm_count * per_sm)
+    grid = sm_count * per_sm if every_sm else min(total_tiles, sm_count * per_sm)
     return -(-grid // cx) * cx
 
 

@@ -401,6 +401,20 @@ def test_plan_rounds_grid_to_whole_clusters() -> None:
         grid_size(dataclasses.replace(e, cluster=(1, 2, 1)), 7, 132)
 
 
+def test_plan_every_sm_grid_ignores_the_tile_count() -> None:
+    """Stream-K kernels split K over every CTA: 80 tiles still launch 132 CTAs."""
+    e, _ = entry()
+    sk = dataclasses.replace(e, grid={**e.grid, "every_sm": True})
+    assert grid_size(e, 80, 132) == 80
+    assert grid_size(sk, 80, 132) == 132
+    assert grid_size(sk, 1000, 132) == 132
+    assert grid_size(sk, 0, 132) == 0  # nothing to compute: no launch
+    with pytest.raises(ManifestError) as exc:
+        grid_size(dataclasses.replace(e, grid={**e.grid, "every_sm": 1}), 80, 132)
+    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1': grid.every_sm must be true or "
+                              "false, but got 1")
+
+
 def test_plan_checks_baked_sm_count_and_policy() -> None:
     e, _ = entry(sm_count=148)
     with pytest.raises(ArtifactError) as exc:

@@ -439,8 +439,10 @@ def compile_kernel(config: Config, *, arch: str,
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
         # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
+        # Stream-K splits K over every CTA: the grid is all SMs even with fewer tiles.
         grid={"policy": "persistent", "ctas_per_sm": 1,
-              **({"cooperative": True} if config.a_fp16 else {})},
+              **({"cooperative": True} if config.a_fp16 else {}),
+              **({"every_sm": True} if config.stream_k else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
