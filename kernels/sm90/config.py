@@ -41,7 +41,8 @@ class Config:
     # conversion chain. 1-2% slower on the H200 (bench/RESULTS.md, 2026-11-30, fifth session).
     w_prefetch: bool = False
     # With a_fp16: the tiles past the last full wave are split by K across all CTAs (stream-K,
-    # kernels/sm90/stream_k.py), partial sums passed through the workspace. Not yet run on a GPU.
+    # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it lost
+    # 7% on moe_down and 3-8 us on the dense sets (bench/RESULTS.md, 2026-11-30, sixth session).
     stream_k: bool = False
 
 
