@@ -44,9 +44,6 @@ class Config:
     # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it lost
     # 7% on moe_down and 3-8 us on the dense sets (bench/RESULTS.md, 2026-11-30, sixth session).
     stream_k: bool = False
-    # With a_fp16: two 64-K steps per wgmma group, both steps' weights converted in one
-    # stretch (four weight fragments: registers fit at tile_m 64).
-    pair_steps: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -102,12 +99,6 @@ def check(config: Config) -> list[str]:
                        "prefetching path)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
-    if not isinstance(config.pair_steps, bool):
-        reasons.append(f"pair_steps must be true or false, but got {config.pair_steps!r}")
-    elif config.pair_steps and (config.a_fp16 is False or config.stream_k is True
-                                or config.w_prefetch is True):
-        reasons.append("pair_steps needs a_fp16: true, stream_k: false and w_prefetch: false "
-                       "(only the default staged-A consumer pairs its steps)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

@@ -121,12 +121,7 @@ class StagedA:
 
     def _consumer_role(self, *args) -> None:
         """The consumers of this build, as _producer_role."""
-        if self.config.stream_k:
-            self._consumer_sk(*args)
-        elif self.config.pair_steps:
-            self._consumer_pairs(*args)
-        else:
-            self._consumer_a16(*args)
+        (self._consumer_sk if self.config.stream_k else self._consumer_a16)(*args)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -342,15 +337,14 @@ class StagedA:
 
     def _consumer_operands(self, tiled_mma, storage, ct) -> tuple:
         """A consumer thread's view of the tile (both consumers, default and stream-K): the A
-        ring's wgmma fragments, two weight fragments (four with pair_steps) and their words,
-        the accumulator, its coordinates, k-blocks per step, and the weight stages' shared
-        addresses."""
+        ring's wgmma fragments, two weight fragments (and their words), the accumulator, its
+        coordinates, k-blocks per step, and the weight stages' shared addresses."""
         a16_layout = self._a16_layout()
         a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
         frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
         frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                  for _ in range(4 if self.config.pair_steps else 2)]
+                  for _ in range(2)]
         words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
@@ -359,74 +353,6 @@ class StagedA:
         packed_b = storage.packed_b.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
         return frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b, scale_b
-
-    @cute.jit
-    def _consumer_pairs(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                        total_tiles, bidx, grid, ct) -> None:
-        """Config.pair_steps: _consumer_a16 with two 64-K steps per wgmma group. Both steps'
-        weights convert in one stretch of code (fragments 2p, 2p + 1 of four), then their eight
-        wgmmas issue as one group; waiting for the previous group (one in flight, as ptxas
-        requires of register-sourced wgmma) frees the other pair of fragments."""
-        (frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b,
-         scale_b) = self._consumer_operands(tiled_mma, storage, ct)
-
-        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
-                                               self.config.a_slots)
-        prev_a = Int32(0)  # the A slots of the previous group's two steps
-        prev_b = Int32(0)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            scale_row0 = (tile_n_idx * self.tile_n) % 128
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.consumer_wait(b_state)
-                stage = b_state.index
-                stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-                stage_s = scale_b + stage * self.sfb_stage_bytes
-                for p in cutlass.range_constexpr(SUB_STEPS // 2):
-                    for s in cutlass.range_constexpr(2 * p, 2 * p + 2):
-                        self._dequant_b_fragment(words_w[s], ct, s, stage_b, stage_s,
-                                                 scale_row0)
-                    if p == SUB_STEPS // 2 - 1:
-                        b_pipe.consumer_release(b_state)  # the weights are in registers now
-                    a_pipe.consumer_wait(a_state)
-                    slot_a = a_state.index
-                    a_state.advance()
-                    a_pipe.consumer_wait(a_state)
-                    slot_b = a_state.index
-                    a_state.advance()
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[2 * p][None, None, kb],
-                                  frag_a[None, None, kb, slot_a], acc)
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[2 * p + 1][None, None, kb],
-                                  frag_a[None, None, kb, slot_b], acc)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # The previous group has retired: its two A slots may be refilled (a
-                    # tile's first group has none: the tile end released them).
-                    if cutlass.const_expr(p > 0):
-                        a_pipe.consumer_release(_Slot(prev_a))
-                        a_pipe.consumer_release(_Slot(prev_b))
-                    else:
-                        if kt > 0:
-                            a_pipe.consumer_release(_Slot(prev_a))
-                            a_pipe.consumer_release(_Slot(prev_b))
-                    prev_a = slot_a
-                    prev_b = slot_b
-                b_state.advance()
-            warpgroup.wait_group(0)
-            a_pipe.consumer_release(_Slot(prev_a))
-            a_pipe.consumer_release(_Slot(prev_b))
-            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-            tile += grid
 
     @cute.jit
     def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
