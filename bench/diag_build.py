@@ -65,10 +65,10 @@ _NOMMA = [
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             # The tile's first weight row'''),
     (STAGED, '''            a_pipe.consumer_release(_Slot(prev_slot))
-            self._store_tile(''',
+            if cutlass.const_expr(self.config.async_epilogue):''',
      '''            a_pipe.consumer_release(_Slot(prev_slot))
             acc[0] = acc[0] + Float32(sink & Uint32(1))
-            self._store_tile('''),
+            if cutlass.const_expr(self.config.async_epilogue):'''),
 ]
 _CONSUMER_SYNC = [
     (STAGED, "                b_pipe.consumer_wait(b_state)\n", ""),
@@ -88,11 +88,15 @@ _CONSUMER_SYNC = [
 _PRODUCER_TILES = '''        desc_set = Int32(0)
         tile = bidx
         while tile < total_tiles:'''
-_CONSUMER_TILES = '''        group = Int32(0)
+_CONSUMER_TILES = '''        prev_slot = Int32(0)
+        group = Int32(0)
         tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx'''
+        while tile < total_tiles:'''
+# async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one.
+_STORER_TILES = '''        c_free.arrive()  # the tile starts empty
+        group = Int32(0)
+        tile = bidx
+'''
 _STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
 # The producer's weight loads before the grid barrier (first tile): off whenever it takes no tile.
 _PREFETCH = "        if bidx < total_tiles:\n            group, _, _, k = self._group_of("
@@ -107,7 +111,8 @@ _STAGING_END = '''            c += STAGE_UNROLL * stride
 _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
                       _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
 _NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
-             (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles"))]
+             (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+             (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles"))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
@@ -155,14 +160,18 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "stage_nostore": [*_NO_TILES, _NO_BARRIER,
                       (STAGED, "                if c + u * stride < total:\n",
                        "                if c + u * stride < total and outs[0][0] == Uint32(0x12345678):\n")],
-    # The whole loop, no C stores (the epilogue's cost).
+    # The whole loop, no C stores (the epilogue's cost). With async_epilogue the consumers still
+    # hand each tile over (the storers would wait forever otherwise) and the storers skip the
+    # global stores.
     "nostore": [
-        (STAGED, '''            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-''', '''            if acc[0] == Float32(1.2345):  # never: keeps the accumulator live
-                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+        (STAGED, '''                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                                  tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+''', '''                if acc[0] == Float32(1.2345):  # never: keeps the accumulator live
+                    self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                                     tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
 '''),
+        (STAGED, "                if row0 + r < m and col0 + c8 < n:\n",
+         "                if row0 + r < 0:\n"),
     ],
     "sync_only": [
         (STAGED, '''                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.sm90.config import SMEM_LIMIT, Config, check, scale_blocks, smem_bytes
+from kernels.sm90.config import (C_ROW_PAD, SMEM_LIMIT, Config, c_tile_bytes, check,
+                                 scale_blocks, smem_bytes)
 
 
 def test_default_is_v3_and_fits() -> None:
@@ -30,7 +31,32 @@ def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
     assert (scale_blocks(128), scale_blocks(192)) == (1, 2)
 
 
+def test_async_epilogue_adds_a_padded_c_tile() -> None:
+    """tile_m rows of tile_n + C_ROW_PAD fp16, 1024-aligned after the A ring: 128 x 192 fits
+    only with a_slots 5 (shapes.yaml's MoE sets)."""
+    assert c_tile_bytes(Config()) == 0
+    c = Config(async_epilogue=True)
+    assert c_tile_bytes(c) == 128 * (128 + C_ROW_PAD) * 2 == 34816
+    assert smem_bytes(c) == 187392 + 34816 and check(c) == []
+    moe = Config(tile_n=192, async_epilogue=True, a_slots=5)
+    assert smem_bytes(moe) == 1024 + 3 * (24576 + 4096) + 5 * 16384 + 51200 == 220160
+    assert check(moe) == []
+    assert check(Config(tile_n=192, async_epilogue=True)) == [
+        f"stages 3 with tile_m 128, tile_n 192 and a_slots 8 needs 269312 bytes of shared "
+        f"memory, more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or "
+        f"tile_n"]
+    dense = Config(tile_m=64, tile_n=192, async_epilogue=True)  # 64 x 200 fp16: 25 KiB exactly
+    assert smem_bytes(dense) == smem_bytes(Config(tile_m=64, tile_n=192)) + 25600
+
+
 @pytest.mark.parametrize("kwargs, reason", [
+    ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
+    ({"async_epilogue": True, "a_fp16": False},
+     "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "
+     "hands its tiles over)"),
+    ({"async_epilogue": True, "stream_k": True},
+     "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "
+     "hands its tiles over)"),
     ({"a_fp16": True, "w_regs": False},
      "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),

@@ -44,11 +44,23 @@ class Config:
     # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it lost
     # 7% on moe_down and 3-8 us on the dense sets (bench/RESULTS.md, 2026-11-30, sixth session).
     stream_k: bool = False
+    # With a_fp16: the consumers write each finished tile into a shared-memory C tile and go on
+    # to the next tile; the producer warpgroup's three idle warps copy it to global memory.
+    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128).
+    async_epilogue: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
 FP16_BUFFERS, SUB_K = 3, 64
+
+
+C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
+
+
+def c_tile_bytes(config: Config) -> int:
+    """Shared memory of the async_epilogue's C tile (0 without it)."""
+    return config.tile_m * (config.tile_n + C_ROW_PAD) * 2 if config.async_epilogue else 0
 
 
 def scale_blocks(tile_n: int) -> int:
@@ -62,7 +74,9 @@ def smem_bytes(config: Config) -> int:
     if config.a_fp16:
         b_stage = (config.tile_n * (K_TILE // 2)
                    + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES)
-        return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
+        c_tile = -(-c_tile_bytes(config) // 1024) * 1024  # 1024-aligned after the A ring
+        return (1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
+                + c_tile)
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * SCALE_STAGE_BYTES
     fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
@@ -99,6 +113,12 @@ def check(config: Config) -> list[str]:
                        "prefetching path)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
+    if not isinstance(config.async_epilogue, bool):
+        reasons.append(f"async_epilogue must be true or false, but got "
+                       f"{config.async_epilogue!r}")
+    elif config.async_epilogue and (config.a_fp16 is False or config.stream_k is True):
+        reasons.append("async_epilogue needs a_fp16: true and stream_k: false (only the default "
+                       "staged-A consumer hands its tiles over)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

@@ -68,7 +68,7 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     Config, check, scale_blocks, smem_bytes)
+                     Config, c_tile_bytes, check, scale_blocks, smem_bytes)
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
@@ -223,6 +223,21 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
                 a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
 
             self.shared_storage = SharedStorageA16
+            if cutlass.const_expr(self.config.async_epilogue):
+                c_bytes = c_tile_bytes(self.config)
+
+                @cute.struct
+                class SharedStorageA16C:
+                    mbar: cute.struct.MemRange[Int64, stages * 2]
+                    mbar_a: cute.struct.MemRange[Int64, a_slots * 2]
+                    packed_b: cute.struct.Align[
+                        cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
+                    scale_b: cute.struct.Align[
+                        cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
+                    a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
+                    c_tile: cute.struct.Align[cute.struct.MemRange[Float16, c_bytes // 2], 1024]
+
+                self.shared_storage = SharedStorageA16C
         self.smem_bytes = self.shared_storage.size_in_bytes()
         assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
         self.args = args

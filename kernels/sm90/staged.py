@@ -17,12 +17,12 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import K_TILE, SUB_K
+from .config import C_ROW_PAD, K_TILE, SUB_K
 from .dequant import dequant_chunk
-from .fp4_bits import permuted_chunk
+from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
-                  ld_global_nc_u16, ld_global_nc_v4, nanosleep, red_add_release_gpu_u32,
-                  select_bits, st_global_v4, st_relaxed_gpu_u32)
+                  ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep,
+                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
 from .staging import A_CHUNK_K, PAIR_SEND, PAIR_STORES, chunk_addresses, pair_store_offset
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 
@@ -40,6 +40,11 @@ assert WARPGROUP * (PRODUCER_REGS + REBALANCED_CONSUMER_WARPGROUPS * CONSUMER_RE
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
+# async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
+# between the two sides (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers): the C
+# tile is free to write, and it is full.
+STORERS = 3 * 32
+_C_FREE, _C_FULL = 3, 4
 
 
 class _Slot:
@@ -105,12 +110,21 @@ class StagedA:
                 cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
                 if warp_idx == 0:
                     self._producer_role(*producer_args)
+                if cutlass.const_expr(self.config.async_epilogue):
+                    if warp_idx >= 1:
+                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                          tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
                 self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
                 self._producer_role(*producer_args)
+            if cutlass.const_expr(self.config.async_epilogue):
+                if warp_idx >= 1:
+                    if warp_idx < 4:
+                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                          tidx - 32)
             if warp_idx >= 4:
                 self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
@@ -354,6 +368,59 @@ class StagedA:
         scale_b = storage.scale_b.data_ptr().toint()
         return frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b, scale_b
 
+    def _c_tile(self, storage) -> cute.Tensor:
+        """async_epilogue's shared C tile: tile_m rows of tile_n fp16, each padded by C_ROW_PAD
+        so that the consumers' 2-byte stores of 4 rows at once fall in different banks."""
+        return storage.c_tile.get_tensor(cute.make_layout(
+            (self.tile_m, self.tile_n), stride=(self.tile_n + C_ROW_PAD, 1)))
+
+    @cute.jit
+    def _hand_over_tile(self, acc, coords, storage) -> None:
+        """async_epilogue, consumers: wait until the storers have copied out the previous
+        tile, write this one (fp16, unscaled) into the shared C tile, and signal it full
+        without waiting: the next tile's steps start at once."""
+        both = self.consumer_threads + STORERS
+        c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
+        c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
+        c_tile = self._c_tile(storage)
+        c_free.arrive_and_wait()
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            b_row, a_row = coords[i]
+            c_tile[a_row, b_row] = Float16(acc[i] * Float32(ACC_UNSCALE))
+        c_full.arrive()
+
+    @cute.jit
+    def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
+        """async_epilogue, warps 1..3 (`st` 0..95): for each of this CTA's tiles, wait until the
+        consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
+        vectors, and hand the tile back."""
+        both = self.consumer_threads + STORERS
+        c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
+        c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
+        base = storage.c_tile.data_ptr().toint()
+        row_bytes = (self.tile_n + C_ROW_PAD) * 2
+        vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
+        c_free.arrive()  # the tile starts empty
+        group = Int32(0)
+        tile = bidx
+        while tile < total_tiles:
+            group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            row0 = tile_m_idx * self.tile_m
+            col0 = tile_n_idx * self.tile_n
+            c_address = ptrs[group, tables.PTR_C]
+            c_full.arrive_and_wait()
+            for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
+                r = v // vecs
+                c8 = (v - r * vecs) * 8
+                if row0 + r < m and col0 + c8 < n:
+                    words = ld_shared_v4(base + r * row_bytes + c8 * 2)
+                    st_global_v4(c_address + (Int64(row0 + r) * Int64(n) + Int64(col0 + c8)) * 2,
+                                 *words)
+            tile += grid
+            if tile < total_tiles:
+                c_free.arrive()  # no arrival after the last tile: nobody waits for it
+
     @cute.jit
     def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                       total_tiles, bidx, grid, ct) -> None:
@@ -415,6 +482,9 @@ class StagedA:
                 b_state.advance()
             warpgroup.wait_group(0)
             a_pipe.consumer_release(_Slot(prev_slot))
-            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            if cutlass.const_expr(self.config.async_epilogue):
+                self._hand_over_tile(acc, coords, storage)
+            else:
+                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
             tile += grid
