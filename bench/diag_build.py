@@ -93,7 +93,7 @@ _CONSUMER_TILES = '''        prev_slot = Int32(0)
         tile = bidx
         while tile < total_tiles:'''
 # async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one.
-_STORER_TILES = '''        c_free.arrive()  # the tile starts empty
+_STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         group = Int32(0)
         tile = bidx
 '''

@@ -377,8 +377,8 @@ class StagedA:
     @cute.jit
     def _hand_over_tile(self, acc, coords, storage) -> None:
         """async_epilogue, consumers: wait until the storers have copied out the previous
-        tile, write this one (fp16, unscaled) into the shared C tile, and signal it full
-        without waiting: the next tile's steps start at once."""
+        tile, write this one (fp16, unscaled) into the shared C tile, and signal it full; the
+        storers copy it out while the next tile's steps run."""
         both = self.consumer_threads + STORERS
         c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
         c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
@@ -387,20 +387,23 @@ class StagedA:
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
             c_tile[a_row, b_row] = Float16(acc[i] * Float32(ACC_UNSCALE))
-        c_full.arrive()
+        # A full barrier rather than an arrive: the storers are already waiting here, and
+        # compute-sanitizer's racecheck orders shared memory only through full barriers.
+        c_full.arrive_and_wait()
 
     @cute.jit
     def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
         """async_epilogue, warps 1..3 (`st` 0..95): for each of this CTA's tiles, wait until the
         consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
-        vectors, and hand the tile back."""
+        vectors, and hand the tile back (a full barrier, met by the consumers at their next
+        tile's end)."""
         both = self.consumer_threads + STORERS
         c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
         c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
         vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
-        c_free.arrive()  # the tile starts empty
+        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         group = Int32(0)
         tile = bidx
         while tile < total_tiles:
@@ -419,7 +422,7 @@ class StagedA:
                                  *words)
             tile += grid
             if tile < total_tiles:
-                c_free.arrive()  # no arrival after the last tile: nobody waits for it
+                c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
     @cute.jit
     def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
