@@ -18,9 +18,12 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
        scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
     -> epilogue scales by 2^14 (both operands carried 2^-7) and writes C with per-element
-       bounds checks (rows >= m and cols >= n untouched).
+       bounds checks (rows >= m and cols >= n untouched); with Config.async_epilogue (on for
+       every v3 set of shapes.yaml) the consumers write the tile into a padded shared C tile
+       and go on, and warps 1..3 (idle since phase 1) store it in 16-byte vectors.
 With Config.stream_k the tiles past the last full wave are split by K across all CTAs, partial
-sums passing through the workspace (stream_k_roles.py; not yet run on a GPU).
+sums passing through the workspace (stream_k_roles.py; slower than data-parallel on the H200
+except for bench_large, bench/RESULTS.md).
 v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
 swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
 small problems, where phase 1 and the barrier cost more than the conversions they save.
