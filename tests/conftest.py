@@ -64,6 +64,21 @@ def tree_hash(root: Path) -> dict[str, str]:
     return out
 
 
+NEEDS_DSL = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
+                               reason="needs nvidia-cutlass-dsl")
+_SM90_PRELUDE = f"""import json, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+from kernels.sm90.config import Config
+from kernels.sm90.grouped_gemm import compile_kernel
+"""
+
+
+def compile_sm90(body: str) -> Any:
+    """run_sm90_script of `body` after a prelude that imports json, Config and compile_kernel
+    from this checkout: the compile tests' scripts hold only what they compare."""
+    return run_sm90_script(_SM90_PRELUDE + body)
+
+
 def run_sm90_script(script: str) -> Any:
     """Run `script` in a fresh interpreter with CUTE_DSL_ARCH=sm_90a (read once, at `import
     cutlass`) and no GPU visible; returns the JSON its last output line prints."""

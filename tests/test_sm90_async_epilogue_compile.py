@@ -4,34 +4,23 @@ two-byte C stores per thread become shared-memory stores, and named barriers pas
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import NEEDS_DSL, compile_sm90
 
-import pytest
-from conftest import run_sm90_script
-
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
-                                reason="needs nvidia-cutlass-dsl")
+pytestmark = NEEDS_DSL
 
 SCRIPT = """
-import json, sys
-sys.path.insert(0, {repo!r})
-from kernels.sm90.config import Config
-from kernels.sm90.grouped_gemm import compile_kernel
-out = {{}}
+out = {}
 for name, on in (("off", False), ("on", True)):
     k = compile_kernel(Config(tile_n=192, a_slots=5, async_epilogue=on), arch="sm_90a",
                        groups=[(128, 4096, 7168)])
-    out[name] = {{key: k.ptx.count(key) for key in
-                  ("st.global.b16", "st.shared.b16", "bar.arrive", "bar.sync", "st.global.v4")}}
+    out[name] = {key: k.ptx.count(key) for key in
+                 ("st.global.b16", "st.shared.b16", "bar.arrive", "bar.sync", "st.global.v4")}
 print(json.dumps(out))
 """
 
 
 def test_async_epilogue_hands_tiles_to_the_storer_warps() -> None:
-    out = run_sm90_script(SCRIPT.format(repo=str(REPO)))
+    out = compile_sm90(SCRIPT)
     off, on = out["off"], out["on"]
     # 192 x 128 accumulators over 384 consumer threads: 64 values each
     assert (off["st.global.b16"], off["st.shared.b16"], off["bar.arrive"]) == (64, 0, 0)

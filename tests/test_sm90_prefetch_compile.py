@@ -4,24 +4,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import NEEDS_DSL, compile_sm90
 
-import pytest
-from conftest import run_sm90_script
-
-REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
-                                reason="needs nvidia-cutlass-dsl")
+pytestmark = NEEDS_DSL
 
 SCRIPT = """
-import json, re, sys
-sys.path.insert(0, {repo!r})
-from kernels.sm90.config import Config
-from kernels.sm90.grouped_gemm import compile_kernel
-out = {{}}
-for name, opts in (("off", {{"tile_n": 192}}), ("on", {{"tile_n": 192, "w_prefetch": True}})):
+out = {}
+for name, opts in (("off", {"tile_n": 192}), ("on", {"tile_n": 192, "w_prefetch": True})):
     ptx = compile_kernel(Config(**opts), arch="sm_90a", groups=[(128, 4096, 7168)]).ptx
     # In each 64-K step (text up to its wgmma fence), do shared loads follow the step's scale
     # conversion? Only when they belong to the next step.
@@ -38,6 +27,6 @@ print(json.dumps(out))
 
 
 def test_prefetch_builds_and_loads_the_next_step_before_waiting() -> None:
-    counts = run_sm90_script(SCRIPT.format(repo=str(REPO)))
+    counts = compile_sm90(SCRIPT)
     assert counts["off"] == 0
     assert counts["on"] > 0

@@ -215,32 +215,20 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
             a16_elems = cute.cosize(self._a16_layout())
             sfb_stage_bytes = self.sfb_stage_bytes
 
-            @cute.struct
-            class SharedStorageA16:
-                mbar: cute.struct.MemRange[Int64, stages * 2]
-                mbar_a: cute.struct.MemRange[Int64, a_slots * 2]
-                packed_b: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
-                scale_b: cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
-                a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
-
-            self.shared_storage = SharedStorageA16
+            fields = {
+                "mbar": cute.struct.MemRange[Int64, stages * 2],
+                "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
+                "packed_b": cute.struct.Align[
+                    cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
+                "scale_b": cute.struct.Align[
+                    cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128],
+                "a16": cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024],
+            }
             if cutlass.const_expr(self.config.async_epilogue):
-                c_bytes = c_tile_bytes(self.config)
-
-                @cute.struct
-                class SharedStorageA16C:
-                    mbar: cute.struct.MemRange[Int64, stages * 2]
-                    mbar_a: cute.struct.MemRange[Int64, a_slots * 2]
-                    packed_b: cute.struct.Align[
-                        cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
-                    scale_b: cute.struct.Align[
-                        cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128]
-                    a16: cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024]
-                    c_tile: cute.struct.Align[cute.struct.MemRange[Float16, c_bytes // 2], 1024]
-
-                self.shared_storage = SharedStorageA16C
+                fields["c_tile"] = cute.struct.Align[
+                    cute.struct.MemRange[Float16, c_tile_bytes(self.config) // 2], 1024]
+            self.shared_storage = cute.struct(
+                type("SharedStorageA16", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()
         assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
         self.args = args
