@@ -132,5 +132,7 @@ def check(config: Config) -> list[str]:
             + (f" and a_slots {config.a_slots}" if config.a_fp16 else "")
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
             "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
-            + (" or tile_n" if config.tile_n != 128 else ""))
+            + (" or tile_n" if config.tile_n != 128 else "")
+            + (f", or turn async_epilogue off (its C tile takes {c_tile_bytes(config)} bytes)"
+               if config.async_epilogue else ""))
     return reasons
