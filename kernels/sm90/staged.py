@@ -374,14 +374,19 @@ class StagedA:
         return storage.c_tile.get_tensor(cute.make_layout(
             (self.tile_m, self.tile_n), stride=(self.tile_n + C_ROW_PAD, 1)))
 
+    def _c_barriers(self) -> tuple:
+        """async_epilogue's two named barriers, consumers and storers together: the shared C
+        tile is free to write, and it is full."""
+        both = self.consumer_threads + STORERS
+        return (pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both),
+                pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
+
     @cute.jit
     def _hand_over_tile(self, acc, coords, storage) -> None:
         """async_epilogue, consumers: wait until the storers have copied out the previous
         tile, write this one (fp16, unscaled) into the shared C tile, and signal it full; the
         storers copy it out while the next tile's steps run."""
-        both = self.consumer_threads + STORERS
-        c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
-        c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
+        c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
         for i in cutlass.range_constexpr(cute.size(acc)):
@@ -397,9 +402,7 @@ class StagedA:
         consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
         vectors, and hand the tile back (a full barrier, met by the consumers at their next
         tile's end)."""
-        both = self.consumer_threads + STORERS
-        c_free = pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both)
-        c_full = pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both)
+        c_free, c_full = self._c_barriers()
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
         vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
