@@ -49,7 +49,26 @@ def test_async_epilogue_adds_a_padded_c_tile() -> None:
     assert smem_bytes(dense) == smem_bytes(Config(tile_m=64, tile_n=192)) + 25600
 
 
+def test_tile_m_256_fits_with_three_a_slots() -> None:
+    """bench_large's kernel: 256 rows x 64 K of fp16 A per slot, and a 256-row C tile."""
+    c = Config(tile_m=256, tile_n=128, a_slots=3, async_epilogue=True)
+    assert check(c) == []
+    assert c_tile_bytes(c) == 256 * (128 + C_ROW_PAD) * 2 == 69632
+    assert smem_bytes(c) == 1024 + 3 * 18432 + 3 * 32768 + 69632 == 224256
+    assert check(Config(tile_m=256, tile_n=128, a_slots=4, async_epilogue=True)) == [
+        f"stages 3 with tile_m 256 and a_slots 4 needs 257024 bytes of shared memory, more than "
+        f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots, or turn "
+        f"async_epilogue off (its C tile takes 69632 bytes)"]
+
+
 @pytest.mark.parametrize("kwargs, reason", [
+    ({"tile_m": 256, "tile_n": 192, "a_slots": 2},
+     "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
+     "accumulator), but got a_fp16 True and tile_n 192"),
+    ({"tile_m": 256, "a_fp16": False},
+     "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
+     "accumulator), but got a_fp16 False and tile_n 128"),
+    ({"tile_m": 96}, "tile_m must be one of [64, 128, 256], but got 96"),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": True, "a_fp16": False},
      "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "

@@ -51,11 +51,6 @@ class Config:
     # to the next tile; the producer warpgroup's three idle warps copy it to global memory.
     # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128).
     async_epilogue: bool = False
-    # With a_fp16: the wgmma N of each tile is its rows (a group's m leaves the last tile of
-    # each group partial) rounded up to a multiple of row_granule, from one compiled K loop per
-    # multiple; 0 runs every tile at tile_m. Padded rows cost MMA time: with tile_m 128,
-    # moe_down's tiles hold 1664 rows for its 1024.
-    row_granule: int = 0
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -64,16 +59,6 @@ FP16_BUFFERS, SUB_K = 3, 64
 
 
 C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
-
-
-ROW_GRANULES = (0, 16, 32, 64, 128)
-
-
-def row_variants(config: Config) -> tuple[int, ...]:
-    """The wgmma N of each compiled K loop, ascending (Config.row_granule); the last is tile_m."""
-    if not config.row_granule:
-        return (config.tile_m,)
-    return tuple(range(config.row_granule, config.tile_m + 1, config.row_granule))
 
 
 def c_tile_bytes(config: Config) -> int:
@@ -141,14 +126,6 @@ def check(config: Config) -> list[str]:
     elif config.async_epilogue and (config.a_fp16 is False or config.stream_k is True):
         reasons.append("async_epilogue needs a_fp16: true and stream_k: false (only the default "
                        "staged-A consumer hands its tiles over)")
-    if config.row_granule not in ROW_GRANULES:
-        reasons.append(f"row_granule must be one of {list(ROW_GRANULES)}, but got "
-                       f"{config.row_granule!r}")
-    elif config.row_granule and (config.a_fp16 is False or config.stream_k is True):
-        reasons.append("row_granule needs a_fp16: true and stream_k: false (only the default "
-                       "staged-A consumer has per-tile K loops)")
-    elif config.row_granule and config.tile_m in TILE_MS and config.tile_m % config.row_granule:
-        reasons.append(f"row_granule {config.row_granule} must divide tile_m {config.tile_m}")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

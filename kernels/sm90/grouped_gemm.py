@@ -30,7 +30,7 @@ small problems, where phase 1 and the barrier cost more than the conversions the
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
 the wgmma M dimension walks B's rows (tile_n per CTA tile, 64 per warpgroup) and the wgmma N
-dimension walks A's rows (`tile_m`, 64 or 128), so a small m wastes at most tile_m - 1 rows.
+dimension walks A's rows (`tile_m`, 64, 128 or 256), so a small m wastes at most tile_m - 1 rows.
 
 Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatenated per-group tile
 lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
@@ -239,13 +239,12 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
             min_blocks_per_mp=1, smem=self.smem_bytes,
         )
 
-    def _tiled_mma(self, rows: int | None = None) -> cute.TiledMma:
-        """wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows: `rows` of them
-        (Config.row_granule's variants), tile_m by default."""
+    def _tiled_mma(self) -> cute.TiledMma:
+        # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
         source = warpgroup.OperandSource.RMEM if self.w_regs else warpgroup.OperandSource.SMEM
         return sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_n // 64, 1, 1), tiler_mn=(64, rows or self.tile_m), a_source=source,
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m), a_source=source,
         )
 
     def _fp16_layouts(self) -> tuple[Any, Any]:
@@ -254,19 +253,11 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS),
                 sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS))
 
-    def _a16_layout(self, rows: int | None = None) -> Any:
-        """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep;
-        with `rows`, the first `rows` of each slot (a wgmma of N = rows reads those)."""
-        full = sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
+    def _a16_layout(self) -> Any:
+        """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
+        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
                                              (self.tile_n, self.tile_m, SUB_K), Float16,
                                              self.config.a_slots)
-        if rows is None or rows == self.tile_m:
-            return full
-        # The swizzle atom is 8 rows of 64 K; a slot is tile_m / 8 atoms, one after another.
-        shape, stride = full.outer.shape, full.outer.stride
-        assert shape[0][0] == 8 and rows % 8 == 0, (shape, rows)
-        outer = cute.make_layout(((8, rows // 8), shape[1], shape[2]), stride=stride)
-        return cute.make_composed_layout(full.inner, 0, outer)
 
     @staticmethod
     def _packed_layout(rows: int) -> Any:

@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import C_ROW_PAD, K_TILE, SUB_K, row_variants
+from .config import C_ROW_PAD, K_TILE, SUB_K
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
@@ -436,31 +436,11 @@ class StagedA:
             if tile < total_tiles:
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
-    def _row_views(self, storage, ct) -> list:
-        """One (rows, tiled MMA, A ring fragments, accumulator, coordinates) per compiled K loop
-        (config.row_variants): a tile whose rows fit a smaller wgmma N runs that one."""
-        views = []
-        frag_a = None
-        for rows in reversed(row_variants(self.config)):
-            tiled_mma = self._tiled_mma(rows)
-            thr_mma = tiled_mma.get_slice(ct)
-            if frag_a is None:
-                layout = self._a16_layout()
-                a16 = storage.a16.get_tensor(layout.outer, swizzle=layout.inner)
-                # One set of shared-memory descriptors for every variant: a descriptor holds
-                # the slot's address and strides, not its rows (the instruction's N does).
-                frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
-            acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_n, rows)), Float32)
-            coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, rows)))
-            views.insert(0, (rows, tiled_mma, frag_a, acc, coords))
-        return views
-
     @cute.jit
     def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                       total_tiles, bidx, grid, ct) -> None:
-        (_, frag_w, words_w, _, _, num_kblocks, packed_b,
+        (frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b,
          scale_b) = self._consumer_operands(tiled_mma, storage, ct)
-        views = self._row_views(storage, ct)
 
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
@@ -471,91 +451,55 @@ class StagedA:
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            steps = (frag_w, words_w, num_kblocks, packed_b, scale_b, storage, b_pipe, a_pipe,
-                     ptrs, group, m, n, k, tile_m_idx, tile_n_idx, ct)
-            if cutlass.const_expr(len(views) == 1):
-                b_state, a_state, prev_slot = self._tile_steps(views[0], *steps, b_state,
-                                                               a_state, prev_slot)
-            else:
-                # The rows this tile holds pick the smallest wgmma N that covers them; the
-                # branches are uniform across the CTA (the tile is).
-                rows = cutlass.min(m - tile_m_idx * self.tile_m, self.tile_m)
-                b_state, a_state, prev_slot = self._variant_steps(
-                    views, 0, (rows - 1) // self.config.row_granule, steps, b_state, a_state,
-                    prev_slot)
-            tile += grid
-
-    @cute.jit
-    def _variant_steps(self, views, first, variant, steps, b_state, a_state, prev_slot) -> tuple:
-        """_tile_steps at views[variant], as a chain of if/else from views[first] on."""
-        if cutlass.const_expr(first == len(views) - 1):
-            b_state, a_state, prev_slot = self._tile_steps(views[first], *steps, b_state,
-                                                           a_state, prev_slot)
-        else:
-            if variant == first:
-                b_state, a_state, prev_slot = self._tile_steps(views[first], *steps, b_state,
-                                                               a_state, prev_slot)
-            else:
-                b_state, a_state, prev_slot = self._variant_steps(
-                    views, first + 1, variant, steps, b_state, a_state, prev_slot)
-        return b_state, a_state, prev_slot
-
-    @cute.jit
-    def _tile_steps(self, view, frag_w, words_w, num_kblocks, packed_b, scale_b, storage,
-                    b_pipe, a_pipe, ptrs, group, m, n, k, tile_m_idx, tile_n_idx, ct, b_state,
-                    a_state, prev_slot) -> tuple:
-        """One tile's K loop and epilogue at the wgmma N of `view` (_row_views); returns the
-        advanced pipeline states and the A slot still held (released at the next tile)."""
-        _, tiled_mma, frag_a, acc, coords = view
-        # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
-        scale_row0 = (tile_n_idx * self.tile_n) % 128
-        acc.fill(0.0)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        for kt in cutlass.range(k // K_TILE, unroll=1):
-            b_pipe.consumer_wait(b_state)
-            stage = b_state.index
-            stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-            stage_s = scale_b + stage * self.sfb_stage_bytes
-            if cutlass.const_expr(self.config.w_prefetch):
-                loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
-                          for h in range(2)]
-            for s in cutlass.range_constexpr(SUB_STEPS):
+            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
+            scale_row0 = (tile_n_idx * self.tile_n) % 128
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            for kt in cutlass.range(k // K_TILE, unroll=1):
+                b_pipe.consumer_wait(b_state)
+                stage = b_state.index
+                stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+                stage_s = scale_b + stage * self.sfb_stage_bytes
                 if cutlass.const_expr(self.config.w_prefetch):
-                    for h in cutlass.range_constexpr(2):
-                        self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
-                    if cutlass.const_expr(s + 1 < SUB_STEPS):
-                        # The next step's shared-memory words, issued before this step's
-                        # waits and wgmma so their latency is off the next step's chain.
-                        loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
-                                                    scale_row0) for h in range(2)]
-                else:
-                    self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
-                                             scale_row0)
-                if s == SUB_STEPS - 1:
-                    b_pipe.consumer_release(b_state)  # the weights are in registers now
-                a_pipe.consumer_wait(a_state)
-                slot = a_state.index
-                warpgroup.fence()
-                for kb in cutlass.range_constexpr(num_kblocks):
-                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                              frag_a[None, None, kb, slot], acc)
-                warpgroup.commit_group()
-                warpgroup.wait_group(1)
-                # The previous step's wgmma has retired: its A slot may be refilled. (The
-                # first step of a tile has none: the tile end released it.)
-                if cutlass.const_expr(s > 0):
-                    a_pipe.consumer_release(_Slot(prev_slot))
-                else:
-                    if kt > 0:
+                    loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
+                              for h in range(2)]
+                for s in cutlass.range_constexpr(SUB_STEPS):
+                    if cutlass.const_expr(self.config.w_prefetch):
+                        for h in cutlass.range_constexpr(2):
+                            self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
+                        if cutlass.const_expr(s + 1 < SUB_STEPS):
+                            # The next step's shared-memory words, issued before this step's
+                            # waits and wgmma so their latency is off the next step's chain.
+                            loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
+                                                        scale_row0) for h in range(2)]
+                    else:
+                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
+                                                 scale_row0)
+                    if s == SUB_STEPS - 1:
+                        b_pipe.consumer_release(b_state)  # the weights are in registers now
+                    a_pipe.consumer_wait(a_state)
+                    slot = a_state.index
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(num_kblocks):
+                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
+                                  frag_a[None, None, kb, slot], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    # The previous step's wgmma has retired: its A slot may be refilled. (The
+                    # first step of a tile has none: the tile end released it.)
+                    if cutlass.const_expr(s > 0):
                         a_pipe.consumer_release(_Slot(prev_slot))
-                prev_slot = slot
-                a_state.advance()
-            b_state.advance()
-        warpgroup.wait_group(0)
-        a_pipe.consumer_release(_Slot(prev_slot))
-        if cutlass.const_expr(self.config.async_epilogue):
-            self._hand_over_tile(acc, coords, storage)
-        else:
-            self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-        return b_state, a_state, prev_slot
+                    else:
+                        if kt > 0:
+                            a_pipe.consumer_release(_Slot(prev_slot))
+                    prev_slot = slot
+                    a_state.advance()
+                b_state.advance()
+            warpgroup.wait_group(0)
+            a_pipe.consumer_release(_Slot(prev_slot))
+            if cutlass.const_expr(self.config.async_epilogue):
+                self._hand_over_tile(acc, coords, storage)
+            else:
+                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+            tile += grid
