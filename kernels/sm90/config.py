@@ -51,6 +51,10 @@ class Config:
     # to the next tile; the producer warpgroup's three idle warps copy it to global memory.
     # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128).
     async_epilogue: bool = False
+    # With a_fp16: the producer patches the descriptors of its next tile's group one tile
+    # ahead (and prefetches them), instead of when that tile starts; a group change then no
+    # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
+    patch_ahead: bool = False
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
@@ -126,6 +130,11 @@ def check(config: Config) -> list[str]:
     elif config.async_epilogue and (config.a_fp16 is False or config.stream_k is True):
         reasons.append("async_epilogue needs a_fp16: true and stream_k: false (only the default "
                        "staged-A consumer hands its tiles over)")
+    if not isinstance(config.patch_ahead, bool):
+        reasons.append(f"patch_ahead must be true or false, but got {config.patch_ahead!r}")
+    elif config.patch_ahead and (config.a_fp16 is False or config.stream_k is True):
+        reasons.append("patch_ahead needs a_fp16: true and stream_k: false (only the default "
+                       "staged-A producer looks ahead)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

@@ -109,9 +109,10 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
         # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
         # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
+        # patch_ahead patches a set one tile before its loads: one set more in the rotation.
         self.desc_sets = tma.sets_needed(
-            max(config.stages, -(-config.a_slots // SUB_STEPS)) if config.a_fp16
-            else config.stages)
+            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + int(config.patch_ahead))
+            if config.a_fp16 else config.stages)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 

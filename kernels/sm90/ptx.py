@@ -221,6 +221,13 @@ def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any =
 
 
 @dsl_user_op
+def prefetch_tensormap(addr: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """Bring the TMA descriptor at global address `addr` into the descriptor cache now, not at
+    its first load."""
+    _asm("prefetch.tensormap [$0];", "l", [_i64(addr, loc, ip)], loc, ip)
+
+
+@dsl_user_op
 def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
     _asm(f"nanosleep.u32 {int(ns)};", "", [], loc, ip)
 

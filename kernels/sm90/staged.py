@@ -21,7 +21,7 @@ from .config import C_ROW_PAD, K_TILE, SUB_K
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
-                  ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep,
+                  ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep, prefetch_tensormap,
                   red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
 from .staging import A_CHUNK_K, PAIR_SEND, PAIR_STORES, chunk_addresses, pair_store_offset
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
@@ -320,14 +320,31 @@ class StagedA:
             b_state.advance()
         group = Int32(0)
         desc_set = Int32(0)
+        # patch_ahead: the newest patched set and the group it holds (set 0: the prologue's).
+        ahead_set = Int32(0)
+        ahead_group = prev_group
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            if group != prev_group:
-                desc_set = self._next_set(desc_set)
-                self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                            a16_base, m, n, k)
-                prev_group = group
+            if cutlass.const_expr(self.config.patch_ahead):
+                if group != prev_group:
+                    desc_set = ahead_set  # patched while the previous tile loaded
+                    prev_group = group
+                if tile + grid < total_tiles:
+                    next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
+                    if next_group != ahead_group:
+                        ahead_set = self._next_set(ahead_set)
+                        self._patch_descriptors_a16(atoms, ws, bidx, ahead_set, ptrs, sizes,
+                                                    next_group, a16_base, nm, nn, nk)
+                        for o in cutlass.range_constexpr(len(atoms)):
+                            prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
+                        ahead_group = next_group
+            else:
+                if group != prev_group:
+                    desc_set = self._next_set(desc_set)
+                    self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
+                                                a16_base, m, n, k)
+                    prev_group = group
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             d_b = self._desc(ws, bidx, desc_set, OP_B)
             d_a = self._desc(ws, bidx, desc_set, OP_A)
