@@ -85,7 +85,7 @@ _CONSUMER_SYNC = [
      "            warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
-_PRODUCER_TILES = '''        desc_set = Int32(0)
+_PRODUCER_TILES = '''        ahead_group = prev_group
         tile = bidx
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        prev_slot = Int32(0)

@@ -4,6 +4,7 @@ memory each variant allocates (the kernel asserts the same number at trace time)
 from __future__ import annotations
 
 import pytest
+from conftest import NEEDS_DSL
 
 from kernels.sm90.config import (C_ROW_PAD, SMEM_LIMIT, Config, c_tile_bytes, check,
                                  scale_blocks, smem_bytes)
@@ -49,6 +50,18 @@ def test_async_epilogue_adds_a_padded_c_tile() -> None:
     assert smem_bytes(dense) == smem_bytes(Config(tile_m=64, tile_n=192)) + 25600
 
 
+@NEEDS_DSL
+def test_patch_ahead_adds_one_descriptor_set() -> None:
+    """Patching one tile ahead keeps one more set in the rotation than the ring needs: the
+    workspace per CTA (recorded in the manifest) grows by one set of 4 maps."""
+    from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+    from kernels.sm90.tma import sets_needed
+
+    ring = 3  # stages 3; a_slots 8 = 2 stages of A
+    assert Sm90GroupedGemm(Config()).desc_sets == sets_needed(ring) == 4
+    assert Sm90GroupedGemm(Config(patch_ahead=True)).desc_sets == 5
+
+
 def test_tile_m_256_fits_with_three_a_slots() -> None:
     """bench_large's kernel: 256 rows x 64 K of fp16 A per slot, and a 256-row C tile."""
     c = Config(tile_m=256, tile_n=128, a_slots=3, async_epilogue=True)
@@ -69,6 +82,13 @@ def test_tile_m_256_fits_with_three_a_slots() -> None:
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
      "accumulator), but got a_fp16 False and tile_n 128"),
     ({"tile_m": 96}, "tile_m must be one of [64, 128, 256], but got 96"),
+    ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
+    ({"patch_ahead": True, "a_fp16": False},
+     "patch_ahead needs a_fp16: true and stream_k: false (only the default staged-A producer "
+     "looks ahead)"),
+    ({"patch_ahead": True, "stream_k": True},
+     "patch_ahead needs a_fp16: true and stream_k: false (only the default staged-A producer "
+     "looks ahead)"),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": True, "a_fp16": False},
      "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "
