@@ -2,8 +2,9 @@
 
 Descriptors live in a global workspace, one slot of `sets` sets x 4 maps per CTA. The producer
 warp copies the templates (kernel parameters) into every set once, and on every group change
-patches the next set in turn with the group's address, dims and strides. `sets_needed` makes
-the rotation long enough that a set is rewritten only after every load issued from it has
+patches the next set in turn with the group's address, dims and strides (with Config.patch_ahead
+one tile before the group's first load, which takes one set more). `sets_needed` makes the
+rotation long enough that a set is rewritten only after every load issued from it has
 completed, however few stages a group's tiles have.
 
 Loads are issued through the NVVM op with `elect.sync` as its predicate and every operand
