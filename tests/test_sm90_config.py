@@ -74,6 +74,13 @@ def test_tile_m_256_fits_with_three_a_slots() -> None:
         f"async_epilogue off (its C tile takes 69632 bytes)"]
 
 
+# The refusal of each option that only the staged-A (a_fp16) data-parallel kernel has.
+PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true and stream_k: false (only the default "
+                     "staged-A producer looks ahead)")
+ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (only the "
+                        "default staged-A consumer hands its tiles over)")
+
+
 @pytest.mark.parametrize("kwargs, reason", [
     ({"tile_m": 256, "tile_n": 192, "a_slots": 2},
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
@@ -84,18 +91,14 @@ def test_tile_m_256_fits_with_three_a_slots() -> None:
     ({"tile_m": 96}, "tile_m must be one of [64, 128, 256], but got 96"),
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
     ({"patch_ahead": True, "a_fp16": False},
-     "patch_ahead needs a_fp16: true and stream_k: false (only the default staged-A producer "
-     "looks ahead)"),
+     PATCH_AHEAD_NEEDS),
     ({"patch_ahead": True, "stream_k": True},
-     "patch_ahead needs a_fp16: true and stream_k: false (only the default staged-A producer "
-     "looks ahead)"),
+     PATCH_AHEAD_NEEDS),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": True, "a_fp16": False},
-     "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "
-     "hands its tiles over)"),
+     ASYNC_EPILOGUE_NEEDS),
     ({"async_epilogue": True, "stream_k": True},
-     "async_epilogue needs a_fp16: true and stream_k: false (only the default staged-A consumer "
-     "hands its tiles over)"),
+     ASYNC_EPILOGUE_NEEDS),
     ({"a_fp16": True, "w_regs": False},
      "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
