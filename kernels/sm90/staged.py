@@ -104,7 +104,7 @@ class StagedA:
             consumer_args = (*consumer_args, num_groups, sk_base)
         split = self._register_split()
         if cutlass.const_expr(split is not None):
-            # 512 threads launch with 128 registers each; the consumers need more. setmaxnreg is
+            # The launch splits the register file evenly; the consumers need more. setmaxnreg is
             # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
             # honours it only when each role's code is reachable from its own setmaxnreg alone.
             if warp_idx < 4:
