@@ -42,47 +42,37 @@ MAIN, STAGED, WEIGHTS = "grouped_gemm.py", "staged.py", "weights.py"
 _NO_GUARD = (MAIN, ('    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments '
                     'per thread")\n'), "")
 _NOMMA = [
-    (STAGED, '''                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                                  frag_a[None, None, kb, slot], acc)''',
-     '''                    warpgroup.fence()
-                    for i in cutlass.range_constexpr(cute.size(words_w[s % 2])):
-                        sink = sink ^ words_w[s % 2][i]'''),
-    (STAGED, '''        prev_slot = Int32(0)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            # The tile's first weight row''',
-     '''        prev_slot = Int32(0)
+    (STAGED, '''                warpgroup.fence()
+                for kblk in cutlass.range_constexpr(num_kblocks):
+                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
+                              frag_a[None, None, kblk, slot], acc)''',
+     '''                warpgroup.fence()
+                for i in cutlass.range_constexpr(cute.size(words_w[s % 2])):
+                    sink = sink ^ words_w[s % 2][i]'''),
+    (STAGED, '''        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        for kt in cutlass.range(kb, ke, unroll=1):''',
+     '''        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         sink = Uint32(0)
-        group = Int32(0)
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            # The tile's first weight row'''),
-    (STAGED, '''            a_pipe.consumer_release(_Slot(prev_slot))
-            if cutlass.const_expr(self.config.async_epilogue):''',
-     '''            a_pipe.consumer_release(_Slot(prev_slot))
-            acc[0] = acc[0] + Float32(sink & Uint32(1))
-            if cutlass.const_expr(self.config.async_epilogue):'''),
+        for kt in cutlass.range(kb, ke, unroll=1):'''),
+    (STAGED, '''        a_pipe.consumer_release(_Slot(prev_slot))
+        return b_state, a_state, prev_slot''',
+     '''        a_pipe.consumer_release(_Slot(prev_slot))
+        acc[0] = acc[0] + Float32(sink & Uint32(1))
+        return b_state, a_state, prev_slot'''),
 ]
 _CONSUMER_SYNC = [
-    (STAGED, "                b_pipe.consumer_wait(b_state)\n", ""),
-    (STAGED, ("                        b_pipe.consumer_release(b_state)  # the weights are in "
-              "registers now\n"), "                        pass\n"),
-    (STAGED, "                    a_pipe.consumer_wait(a_state)\n", ""),
-    (STAGED, ("                    if cutlass.const_expr(s > 0):\n"
-              "                        a_pipe.consumer_release(_Slot(prev_slot))\n"
-              "                    else:\n"
-              "                        if kt > 0:\n"
-              "                            a_pipe.consumer_release(_Slot(prev_slot))\n"), ""),
-    (STAGED, ("            warpgroup.wait_group(0)\n"
-              "            a_pipe.consumer_release(_Slot(prev_slot))\n"),
-     "            warpgroup.wait_group(0)\n"),
+    (STAGED, "            b_pipe.consumer_wait(b_state)\n", ""),
+    (STAGED, ("                    b_pipe.consumer_release(b_state)  # the weights are in "
+              "registers now\n"), "                    pass\n"),
+    (STAGED, "                a_pipe.consumer_wait(a_state)\n", ""),
+    (STAGED, ("                if cutlass.const_expr(s > 0):\n"
+              "                    a_pipe.consumer_release(_Slot(prev_slot))\n"
+              "                else:\n"
+              "                    if kt > kb:\n"
+              "                        a_pipe.consumer_release(_Slot(prev_slot))\n"), ""),
+    (STAGED, ("        warpgroup.wait_group(0)\n"
+              "        a_pipe.consumer_release(_Slot(prev_slot))\n"),
+     "        warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
 _PRODUCER_TILES = '''        ahead_group = prev_group
@@ -174,12 +164,12 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
          "                if row0 + r < 0:\n"),
     ],
     "sync_only": [
-        (STAGED, '''                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
-                                                 scale_row0)
-''', "                        pass\n"),
-        (STAGED, '''                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                                  frag_a[None, None, kb, slot], acc)
+        (STAGED, '''                    self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
+                                             scale_row0)
+''', "                    pass\n"),
+        (STAGED, '''                for kblk in cutlass.range_constexpr(num_kblocks):
+                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
+                              frag_a[None, None, kblk, slot], acc)
 ''', ""),
         _NO_GUARD,
     ],

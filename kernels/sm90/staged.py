@@ -470,53 +470,66 @@ class StagedA:
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
             scale_row0 = (tile_n_idx * self.tile_n) % 128
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(k // K_TILE, unroll=1):
-                b_pipe.consumer_wait(b_state)
-                stage = b_state.index
-                stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-                stage_s = scale_b + stage * self.sfb_stage_bytes
-                if cutlass.const_expr(self.config.w_prefetch):
-                    loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
-                              for h in range(2)]
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    if cutlass.const_expr(self.config.w_prefetch):
-                        for h in cutlass.range_constexpr(2):
-                            self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
-                        if cutlass.const_expr(s + 1 < SUB_STEPS):
-                            # The next step's shared-memory words, issued before this step's
-                            # waits and wgmma so their latency is off the next step's chain.
-                            loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
-                                                        scale_row0) for h in range(2)]
-                    else:
-                        self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
-                                                 scale_row0)
-                    if s == SUB_STEPS - 1:
-                        b_pipe.consumer_release(b_state)  # the weights are in registers now
-                    a_pipe.consumer_wait(a_state)
-                    slot = a_state.index
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
-                                  frag_a[None, None, kb, slot], acc)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # The previous step's wgmma has retired: its A slot may be refilled. (The
-                    # first step of a tile has none: the tile end released it.)
-                    if cutlass.const_expr(s > 0):
-                        a_pipe.consumer_release(_Slot(prev_slot))
-                    else:
-                        if kt > 0:
-                            a_pipe.consumer_release(_Slot(prev_slot))
-                    prev_slot = slot
-                    a_state.advance()
-                b_state.advance()
-            warpgroup.wait_group(0)
-            a_pipe.consumer_release(_Slot(prev_slot))
+            b_state, a_state, prev_slot = self._k_loop(
+                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
+                a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct)
             if cutlass.const_expr(self.config.async_epilogue):
                 self._hand_over_tile(acc, coords, storage)
             else:
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                                  tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
             tile += grid
+
+    @cute.jit
+    def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
+                b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct) -> tuple:
+        """Weight stages kb..ke-1 of one tile into acc, zeroed first (the data-parallel
+        consumer runs a whole tile, stream-K a piece of one): each 64-K step dequantizes the
+        weights into a register fragment and issues its wgmma on the A ring's slot, one step
+        in flight. Returns the advanced pipeline states and the last A slot, already released
+        (the caller rebinds them, as _produce_b's)."""
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        for kt in cutlass.range(kb, ke, unroll=1):
+            b_pipe.consumer_wait(b_state)
+            stage = b_state.index
+            stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+            stage_s = scale_b + stage * self.sfb_stage_bytes
+            if cutlass.const_expr(self.config.w_prefetch):
+                loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
+                          for h in range(2)]
+            for s in cutlass.range_constexpr(SUB_STEPS):
+                if cutlass.const_expr(self.config.w_prefetch):
+                    for h in cutlass.range_constexpr(2):
+                        self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
+                    if cutlass.const_expr(s + 1 < SUB_STEPS):
+                        # The next step's shared-memory words, issued before this step's
+                        # waits and wgmma so their latency is off the next step's chain.
+                        loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
+                                                    scale_row0) for h in range(2)]
+                else:
+                    self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
+                                             scale_row0)
+                if s == SUB_STEPS - 1:
+                    b_pipe.consumer_release(b_state)  # the weights are in registers now
+                a_pipe.consumer_wait(a_state)
+                slot = a_state.index
+                warpgroup.fence()
+                for kblk in cutlass.range_constexpr(num_kblocks):
+                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
+                              frag_a[None, None, kblk, slot], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                # The previous step's wgmma has retired: its A slot may be refilled. (The
+                # first step of a piece has none: the previous piece's end released it.)
+                if cutlass.const_expr(s > 0):
+                    a_pipe.consumer_release(_Slot(prev_slot))
+                else:
+                    if kt > kb:
+                        a_pipe.consumer_release(_Slot(prev_slot))
+                prev_slot = slot
+                a_state.advance()
+            b_state.advance()
+        warpgroup.wait_group(0)
+        a_pipe.consumer_release(_Slot(prev_slot))
+        return b_state, a_state, prev_slot

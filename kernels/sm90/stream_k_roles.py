@@ -9,17 +9,15 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32, Int64, Uint32
-from cutlass.cute.nvgpu import warpgroup
+from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
 
-from .config import K_TILE, SUB_K
+from .config import K_TILE
 from .ptx import (ld_acquire_gpu_u32, ld_global_cg_v4_f32, nanosleep, red_add_release_gpu_u32,
                   st_global_v4_f32)
-from .staged import _Slot
 from .stream_k import dp_tiles, piece, unit_owner, unit_range
-from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SUB_STEPS
+from .structure import OP_A, OP_B, OP_SFB
 
 
 
@@ -169,37 +167,9 @@ class StreamK:
             ke = cutlass.min(ke, stages)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             scale_row0 = (tile_n_idx * self.tile_n) % 128
-            acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(kb, ke, unroll=1):
-                b_pipe.consumer_wait(b_state)
-                stage = b_state.index
-                stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
-                stage_s = scale_b + stage * self.sfb_stage_bytes
-                for s in cutlass.range_constexpr(SUB_STEPS):
-                    self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
-                                             scale_row0)
-                    if s == SUB_STEPS - 1:
-                        b_pipe.consumer_release(b_state)
-                    a_pipe.consumer_wait(a_state)
-                    slot = a_state.index
-                    warpgroup.fence()
-                    for kblk in cutlass.range_constexpr(num_kblocks):
-                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
-                                  frag_a[None, None, kblk, slot], acc)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    # The previous step's A slot (the piece's first step has none).
-                    if cutlass.const_expr(s > 0):
-                        a_pipe.consumer_release(_Slot(prev_slot))
-                    else:
-                        if kt > kb:
-                            a_pipe.consumer_release(_Slot(prev_slot))
-                    prev_slot = slot
-                    a_state.advance()
-                b_state.advance()
-            warpgroup.wait_group(0)
-            a_pipe.consumer_release(_Slot(prev_slot))
+            b_state, a_state, prev_slot = self._k_loop(
+                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
+                a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct)
             if kb > 0:  # the K before this piece: the partial of the unit's owner
                 owner = unit_owner(ts + kb - 1, units, grid)
                 self._sk_add_partial(acc, sk_base + owner * self.sk_slot_bytes, ct, consumers)
