@@ -82,7 +82,8 @@ _CONSUMER_TILES = '''        prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
         while tile < total_tiles:'''
-# async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one.
+# async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one,
+# nor meet the consumers at the first hand-over (no consumer comes).
 _STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         group = Int32(0)
         tile = bidx
@@ -102,7 +103,9 @@ _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
                       _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
 _NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
              (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
-             (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles"))]
+             (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles")
+              .replace("        c_free.arrive_and_wait()  # the consumers' first hand-over: the "
+                       "tile starts empty\n", ""))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
