@@ -41,6 +41,7 @@ for _wgs, (_producer, _consumer) in REGISTER_SPLITS.items():
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
+LANE_GROUPS = 32  # up to this many groups, phase 1 holds the group tables one per lane
 # async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
 # between the two sides (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers): the C
 # tile is free to write, and it is full.
@@ -157,12 +158,46 @@ class StagedA:
         chunks fastest), so a thread's chunks are spread over the whole call rather than
         handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
         conversion, and the phase is one memory round trip per thread for calls of up to
-        STAGE_UNROLL * grid * threads chunks, whatever the number of groups."""
+        STAGE_UNROLL * grid * threads chunks, whatever the number of groups.
+        Up to LANE_GROUPS groups, lane g of each warp reads group g's row of the tables and a
+        thread finds its chunks' groups by shuffles, so the phase waits on one table read
+        instead of a chain of them; more groups walk the tables (_stage_chunks)."""
+        if num_groups <= LANE_GROUPS:
+            self._stage_chunks(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid, True)
+        else:
+            self._stage_chunks(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid, False)
+
+    @cute.jit
+    def _stage_chunks(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid,
+                      lanes: cutlass.Constexpr) -> None:
+        """_stage_a's loop; `lanes`: the groups' table rows are held one per lane (at most
+        LANE_GROUPS groups) rather than read by a cursor walking the groups."""
         stagers = self.threads - 32  # warp 0 runs _producer_prologue meanwhile
         stride = grid * stagers
+        lane = tidx % 32
         total = Int32(0)
-        for g in cutlass.range(num_groups, unroll=1):
-            total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
+        if cutlass.const_expr(lanes):
+            # Lane g holds group g (lanes past the last group read the last one, so every read
+            # is valid, and count none of its chunks): its chunks [first_l, end_l), k, A and
+            # scale pointers. The reads are issued together; a shuffle scan gives the ranges.
+            own = cutlass.min(lane, num_groups - 1)
+            k_l = sizes[own, tables.COL_K]
+            a_l = ptrs[own, tables.PTR_A]
+            sf_l = ptrs[own, tables.PTR_SFA]
+            count_l = sizes[own, tables.COL_M] * (k_l // A_CHUNK_K)
+            if lane >= num_groups:
+                count_l = Int32(0)
+            end_l = count_l
+            for d in cutlass.range_constexpr(5):
+                below = cute.arch.shuffle_sync_up(end_l, 1 << d)
+                if lane >= (1 << d):
+                    end_l = end_l + below
+            total = cute.arch.shuffle_sync(end_l, 31)
+            first_l = end_l - count_l
+            found = cute.make_rmem_tensor(STAGE_UNROLL, Int32)
+        else:
+            for g in cutlass.range(num_groups, unroll=1):
+                total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
         # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
         # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
         # (A_CHUNK_K fp16 = 64 bytes per chunk).
@@ -175,20 +210,42 @@ class StagedA:
         odd = Uint32(0) - Uint32(tidx % 2)
         # Warp-uniform trip count (the shuffles need the whole warp); a lane past the end loads
         # a valid chunk and stores nothing, as in the last iteration.
-        while c - tidx % 32 < total:
+        while c - lane < total:
+            # Past the end: load the last chunk again (valid memory), store nothing.
+            cus = [cutlass.min(c + u * stride, total - 1) for u in range(STAGE_UNROLL)]
+            if cutlass.const_expr(lanes):
+                # A chunk's group is the number of groups that end at or before it (groups of
+                # m = 0 end where the previous one does, so they are skipped): one shuffle per
+                # group for all of the iteration's chunks. (end - 1 - cu) >> 31 is -1 exactly
+                # when cu >= end.
+                found.fill(0)
+                for j in cutlass.range(num_groups - 1, unroll=1):
+                    end_j = cute.arch.shuffle_sync(end_l, j)
+                    for u in cutlass.range_constexpr(STAGE_UNROLL):
+                        found[u] = found[u] - ((end_j - 1 - cus[u]) >> 31)
             dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STAGE_UNROLL):
-                # Past the end: load the last chunk again (valid memory), store nothing.
-                cu = cutlass.min(c + u * stride, total - 1)
-                while cu >= first + count:  # groups of m = 0 have no chunks and are skipped
-                    first += count
-                    offset += Int64(count) * Int64(A_CHUNK_K * 2)
-                    group += 1
-                    count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K] // A_CHUNK_K)
-                src, sf, dst = chunk_addresses(
-                    cu, first, sizes[group, tables.COL_K],
-                    lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
-                             a16_base + offset), Int64)
+                cu = cus[u]
+                if cutlass.const_expr(lanes):
+                    g = found[u]
+                    first_u = cute.arch.shuffle_sync(first_l, g)
+                    a_u = cute.arch.shuffle_sync(a_l, g)
+                    sf_u = cute.arch.shuffle_sync(sf_l, g)
+                    src, sf, dst = chunk_addresses(
+                        cu, first_u, cute.arch.shuffle_sync(k_l, g),
+                        lambda: (a_u, sf_u, a16_base + Int64(first_u) * Int64(A_CHUNK_K * 2)),
+                        Int64)
+                else:
+                    while cu >= first + count:  # groups of m = 0 have no chunks: skipped
+                        first += count
+                        offset += Int64(count) * Int64(A_CHUNK_K * 2)
+                        group += 1
+                        count = sizes[group, tables.COL_M] * (sizes[group, tables.COL_K]
+                                                              // A_CHUNK_K)
+                    src, sf, dst = chunk_addresses(
+                        cu, first, sizes[group, tables.COL_K],
+                        lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
+                                 a16_base + offset), Int64)
                 words.append(ld_global_nc_v4(src))
                 scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
