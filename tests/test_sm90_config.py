@@ -7,7 +7,8 @@ import pytest
 from conftest import NEEDS_DSL
 
 from kernels.sm90.config import (C_ROW_PAD, SMEM_LIMIT, Config, c_tile_bytes, check,
-                                 scale_blocks, smem_bytes)
+                                 launch_registers, register_split_fits, scale_blocks,
+                                 smem_bytes)
 
 
 def test_default_is_v3_and_fits() -> None:
@@ -122,3 +123,20 @@ ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (
 ])
 def test_rejected_configs_say_why(kwargs, reason) -> None:
     assert check(Config(**kwargs)) == [reason]
+
+
+@pytest.mark.parametrize("warpgroups, producer, consumer, fits", [
+    (3, 56, 152, True),   # the kernel's split: 128 at launch, 72 given up, 3 x 24 taken
+    (3, 56, 160, False),  # one step more for the consumers than the producer gives up
+    (2, 56, 224, True),   # tile_m 256: 168 at launch, 112 given up, 2 x 56 taken
+    (2, 64, 224, False),
+    (4, 56, 112, False),  # 96 at launch: hung on the H200 (2026-11-30, eighth session)
+    (4, 32, 112, True),   # ran there
+])
+def test_register_split_fits_only_within_the_launch_allocation(warpgroups, producer, consumer,
+                                                               fits) -> None:
+    assert register_split_fits(warpgroups, producer, consumer) is fits
+
+
+def test_launch_registers_come_in_steps_of_8() -> None:
+    assert [launch_registers(t) for t in (384, 512, 640)] == [168, 128, 96]

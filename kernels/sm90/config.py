@@ -57,6 +57,22 @@ class Config:
     patch_ahead: bool = False
 
 
+def launch_registers(threads: int) -> int:
+    """Registers per thread a CTA of `threads` gets at launch when it takes the whole register
+    file (65536; allocated in steps of 8 per thread)."""
+    return 65536 // threads // 8 * 8
+
+
+def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) -> bool:
+    """Whether setmaxnreg can move the consumer warpgroups to `consumer` registers per thread
+    while the producer warpgroup drops to `producer`. Registers only move inside the CTA's
+    launch allocation, so the consumers take no more than the producer gives up; a split that
+    asks for more hangs at the consumers' setmaxnreg.inc (four consumer warpgroups at 56 / 112
+    did on the H200, bench/RESULTS.md, 2026-11-30, eighth session)."""
+    launch = launch_registers(128 * (consumer_warpgroups + 1))
+    return (launch - producer) >= consumer_warpgroups * (consumer - launch)
+
+
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
 FP16_BUFFERS, SUB_K = 3, 64

@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import C_ROW_PAD, K_TILE, SUB_K
+from .config import C_ROW_PAD, K_TILE, SUB_K, register_split_fits
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
@@ -33,7 +33,7 @@ from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEP
 # 128 * 56 + 256 * 224 = 64512.
 REGISTER_SPLITS = {3: (56, 152), 2: (56, 224)}
 for _wgs, (_producer, _consumer) in REGISTER_SPLITS.items():
-    assert WARPGROUP * (_producer + _wgs * _consumer) <= 65536
+    assert register_split_fits(_wgs, _producer, _consumer), (_wgs, _producer, _consumer)
 # The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
 # the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
 # counter at zero. The workspace keeps HEADER_BYTES unused at its start: they are the eager
