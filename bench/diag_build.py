@@ -93,7 +93,7 @@ _STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 
 _PREFETCH = "        if bidx < total_tiles:\n            group, _, _, k = self._group_of("
 _NO_PREFETCH = (STAGED, _PREFETCH, _PREFETCH.replace("bidx < total_tiles", "bidx < 0"))
 _GRID_BARRIER = '''        if tidx == 32:
-            self._grid_barrier(grid_barrier.toint(), grid)
+            self._grid_barrier(grid_barrier.toint(), grid, seen)
 '''
 _STAGING_END = '''            c += STAGE_UNROLL * stride
         fence_proxy_async_global()

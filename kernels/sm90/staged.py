@@ -83,6 +83,12 @@ class StagedA:
                 st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
         desc_base = ws_base + HEADER_BYTES
+        # The grid barrier's generation before this CTA arrives, read now so that its round
+        # trip overlaps the staging: it cannot move before every CTA, this one included, has
+        # arrived.
+        seen = Uint32(0)
+        if tidx == 32:
+            seen = ld_acquire_gpu_u32(grid_barrier.toint() + BARRIER_GENERATION)
         if warp_idx == 0:
             self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
                                     prefix, desc_base, a16_base, total_tiles, bidx, grid,
@@ -91,7 +97,7 @@ class StagedA:
             self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
         if tidx == 32:
-            self._grid_barrier(grid_barrier.toint(), grid)
+            self._grid_barrier(grid_barrier.toint(), grid, seen)
         cute.arch.barrier()
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
@@ -270,12 +276,12 @@ class StagedA:
         fence_proxy_async_global()
 
     @cute.jit
-    def _grid_barrier(self, barrier, grid) -> None:
+    def _grid_barrier(self, barrier, grid, seen) -> None:
         """One thread per CTA: a self-resetting barrier over the whole (co-resident,
-        cooperatively launched) grid, its counter at `barrier` zero on entry and on exit."""
+        cooperatively launched) grid, its counter at `barrier` zero on entry and on exit.
+        `seen` is the generation word as this thread read it before arriving."""
         counter = barrier
         generation = barrier + BARRIER_GENERATION
-        seen = ld_acquire_gpu_u32(generation)
         arrived = atom_add_acq_rel_gpu_u32(counter, 1)
         if arrived == Uint32(grid - 1):
             st_relaxed_gpu_u32(counter, 0)  # ready for the next launch before anyone leaves
