@@ -408,21 +408,33 @@ class StagedA:
                     self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
                                                 a16_base, m, n, k)
                     prev_group = group
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = self._desc(ws, bidx, desc_set, OP_B)
-            d_a = self._desc(ws, bidx, desc_set, OP_A)
-            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
-            row_a = tile_m_idx * self.tile_m
-            row_b = tile_n_idx * self.tile_n
-            for kt in cutlass.range(pre, unroll=1):  # weights already loaded (first tile)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
-            for kt in cutlass.range(pre, k // K_TILE, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            b_state, a_state = self._produce_piece(
+                ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                prefix, m, 0, pre, k // K_TILE)
             pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
+
+    @cute.jit
+    def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
+                       tile, group, prefix, m, kb, pre, ke) -> tuple:
+        """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
+        tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
+        weights are already loaded (the prologue's first tile), so only their A goes. Returns
+        the advanced pipeline states (the caller rebinds them, as _produce_b's)."""
+        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+        d_b = self._desc(ws, bidx, desc_set, OP_B)
+        d_a = self._desc(ws, bidx, desc_set, OP_A)
+        d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
+        row_a = tile_m_idx * self.tile_m
+        row_b = tile_n_idx * self.tile_n
+        for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+        for kt in cutlass.range(kb + pre, ke, unroll=1):
+            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+        return b_state, a_state
 
     @cute.jit
     def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,

@@ -17,7 +17,6 @@ from .config import K_TILE
 from .ptx import (ld_acquire_gpu_u32, ld_global_cg_v4_f32, nanosleep, red_add_release_gpu_u32,
                   st_global_v4_f32)
 from .stream_k import dp_tiles, piece, unit_owner, unit_range
-from .structure import OP_A, OP_B, OP_SFB
 
 
 
@@ -128,17 +127,9 @@ class StreamK:
                 self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
                                             a16_base, m, n, k)
                 prev_group = group
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = self._desc(ws, bidx, desc_set, OP_B)
-            d_a = self._desc(ws, bidx, desc_set, OP_A)
-            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
-            row_a = tile_m_idx * self.tile_m
-            row_b = tile_n_idx * self.tile_n
-            for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
-            for kt in cutlass.range(kb + pre, ke, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            b_state, a_state = self._produce_piece(
+                ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                prefix, m, kb, pre, ke)
             pre = Int32(0)
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
