@@ -22,6 +22,16 @@ first three):
   stage_nofence stage_only without the staging's closing proxy fence
   stage_nostore stage_only without the staging's stores (loads and conversion kept)
   nostore       the whole loop without the epilogue's C stores
+  mma2x         every step's wgmmas issued twice (the MMA work doubled, the conversion not)
+  wait0         each warpgroup waits for its own step's wgmma before converting the next step
+                (no overlap of a warpgroup's conversion with its own MMA; other warpgroups'
+                still can)
+
+mma2x and wait0 tell apart why conversion and MMA add up on dense_a (RESULTS.md, eighth
+session): if a warpgroup's conversion already waits for its own wgmma, wait0 costs nothing;
+if the MMA runs under the conversion, mma2x costs little; if they contend for a shared
+resource (the register file the register-sourced wgmma reads and its accumulator lives in),
+mma2x costs about the MMA's own time again and wait0 costs little.
 """
 
 from __future__ import annotations
@@ -107,6 +117,10 @@ _NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
               .replace("        c_free.arrive_and_wait()  # the consumers' first hand-over: the "
                        "tile starts empty\n", ""))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
+_STEP_MMA = '''                for kblk in cutlass.range_constexpr(num_kblocks):
+                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
+                              frag_a[None, None, kblk, slot], acc)
+'''
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
         (WEIGHTS, '''        d_lo = dequant_word_w(lo, both, 0)
@@ -166,6 +180,9 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
         (STAGED, "                if row0 + r < m and col0 + c8 < n:\n",
          "                if row0 + r < 0:\n"),
     ],
+    "mma2x": [(STAGED, _STEP_MMA, _STEP_MMA + _STEP_MMA)],
+    "wait0": [(STAGED, "                warpgroup.wait_group(1)\n",
+               "                warpgroup.wait_group(0)\n")],
     "sync_only": [
         (STAGED, '''                    self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
                                              scale_row0)
