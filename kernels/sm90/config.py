@@ -79,6 +79,9 @@ FP16_BUFFERS, SUB_K = 3, 64
 
 
 C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
+# Up to this many groups, phase 1 (a_fp16) holds the group tables one per lane of each staging
+# warp; more groups walk them (kernels/sm90/staged.py, _stage_a).
+LANE_GROUPS = 32
 
 
 def c_tile_bytes(config: Config) -> int:

@@ -17,7 +17,7 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import C_ROW_PAD, K_TILE, SUB_K, register_split_fits
+from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
@@ -41,7 +41,6 @@ for _wgs, (_producer, _consumer) in REGISTER_SPLITS.items():
 HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
-LANE_GROUPS = 32  # up to this many groups, phase 1 holds the group tables one per lane
 # async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
 # between the two sides (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers): the C
 # tile is free to write, and it is full.
