@@ -26,12 +26,15 @@ first three):
   wait0         each warpgroup waits for its own step's wgmma before converting the next step
                 (no overlap of a warpgroup's conversion with its own MMA; other warpgroups'
                 still can)
+  nohmul        the conversion's scale multiplies (HMUL2, the fp16 FMA pipe) become XORs (the
+                integer pipe): the same instruction count, no fp16 math next to the wgmma
 
 mma2x and wait0 tell apart why conversion and MMA add up on dense_a (RESULTS.md, eighth
 session): if a warpgroup's conversion already waits for its own wgmma, wait0 costs nothing;
 if the MMA runs under the conversion, mma2x costs little; if they contend for a shared
 resource (the register file the register-sourced wgmma reads and its accumulator lives in),
-mma2x costs about the MMA's own time again and wait0 costs little.
+mma2x costs about the MMA's own time again and wait0 costs little; if nohmul is much faster
+than the default, the fp16 multiplies are what competes with the tensor core.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SM90 = Path("kernels/sm90")
-MAIN, STAGED, WEIGHTS = "grouped_gemm.py", "staged.py", "weights.py"
+MAIN, STAGED, WEIGHTS, DEQUANT = "grouped_gemm.py", "staged.py", "weights.py", "dequant.py"
 
 # Edits are (file under kernels/sm90, old text, new text). The build guard must not reject a
 # diagnostic build: nomma and sync_only leave only empty wgmma commit groups, which look
@@ -121,6 +124,10 @@ _STEP_MMA = '''                for kblk in cutlass.range_constexpr(num_kblocks):
                     cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
                               frag_a[None, None, kblk, slot], acc)
 '''
+# dequant_word_w's last step: each pair times its scale (HMUL2), or XORed with it instead.
+_SCALE_MUL = ("    return [mul_f16x2_by_half(prmt(sources[src], Uint32(0), Uint32(sel)), "
+              "scales, half)\n")
+_SCALE_XOR = "    return [prmt(sources[src], Uint32(0), Uint32(sel)) ^ Uint32(scales)\n"
 VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "noconv": [
         (WEIGHTS, '''        d_lo = dequant_word_w(lo, both, 0)
@@ -181,6 +188,7 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
          "                if row0 + r < 0:\n"),
     ],
     "mma2x": [(STAGED, _STEP_MMA, _STEP_MMA + _STEP_MMA)],
+    "nohmul": [(DEQUANT, _SCALE_MUL, _SCALE_XOR)],
     "wait0": [(STAGED, "                warpgroup.wait_group(1)\n",
                "                warpgroup.wait_group(0)\n")],
     "sync_only": [
@@ -214,7 +222,7 @@ def patched(sources: dict[str, str], variant: str) -> dict[str, str]:
 
 def kernel_sources(root: Path) -> dict[str, str]:
     """The files the variants edit, by name."""
-    return {name: (root / SM90 / name).read_text() for name in (MAIN, STAGED, WEIGHTS)}
+    return {name: (root / SM90 / name).read_text() for name in (MAIN, STAGED, WEIGHTS, DEQUANT)}
 
 
 def copy_tree(dest: Path) -> None:

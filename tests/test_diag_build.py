@@ -30,7 +30,7 @@ def test_unknown_variant_and_moved_code_are_errors() -> None:
     with pytest.raises(ValueError) as info:
         diag_build.patched(SOURCES, "fast")
     assert str(info.value) == ("variant must be one of ['bare', 'compute_only', 'empty', 'half_a', "
-                               "'mma2x', 'noconv', 'nomma', 'nostore', 'phase1_only', "
+                               "'mma2x', 'noconv', 'nohmul', 'nomma', 'nostore', 'phase1_only', "
                                "'stage_nofence', 'stage_nostore', 'stage_only', 'sync_only', "
                                "'wait0'], but got 'fast'")
     moved = dict(SOURCES, **{"weights.py": SOURCES["weights.py"].replace(
