@@ -28,13 +28,17 @@ first three):
                 still can)
   nohmul        the conversion's scale multiplies (HMUL2, the fp16 FMA pipe) become XORs (the
                 integer pipe): the same instruction count, no fp16 math next to the wgmma
+  nolds         the conversion reads no shared memory: its weight and scale words are made
+                from their addresses (the wgmmas still read A from shared memory)
 
 mma2x and wait0 tell apart why conversion and MMA add up on dense_a (RESULTS.md, eighth
 session): if a warpgroup's conversion already waits for its own wgmma, wait0 costs nothing;
 if the MMA runs under the conversion, mma2x costs little; if they contend for a shared
 resource (the register file the register-sourced wgmma reads and its accumulator lives in),
 mma2x costs about the MMA's own time again and wait0 costs little; if nohmul is much faster
-than the default, the fp16 multiplies are what competes with the tensor core.
+than the default, the fp16 multiplies are what competes with the tensor core. mma2x also
+doubles the wgmmas' shared-memory reads; nolds removes the conversion's, so it tells shared
+memory apart from the register file.
 """
 
 from __future__ import annotations
@@ -189,6 +193,14 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "mma2x": [(STAGED, _STEP_MMA, _STEP_MMA + _STEP_MMA)],
     "nohmul": [(DEQUANT, _SCALE_MUL, _SCALE_XOR)],
+    "nolds": [(WEIGHTS, """        lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
+        hi = ld_shared_u32(base + (((2 * s + 1) ^ (row % 8)) * 16) + 4 * c)
+        four = ld_shared_u32(scale_word_offset(row, s, self.scale_blocks, scale_row0,
+                                               base=scales))
+""", """        lo = Uint32(base + 4 * c) ^ Uint32(0x12345678 + s)
+        hi = Uint32(base + 4 * c) ^ Uint32(0x2468ACE1 + s)
+        four = Uint32(scales) ^ Uint32(0x38383838)
+""")],
     "wait0": [(STAGED, "                warpgroup.wait_group(1)\n",
                "                warpgroup.wait_group(0)\n")],
     "sync_only": [
