@@ -203,13 +203,13 @@ class StagedA:
         else:
             for g in cutlass.range(num_groups, unroll=1):
                 total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
-        # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
-        # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
-        # (A_CHUNK_K fp16 = 64 bytes per chunk).
-        group = Int32(-1)
-        first = Int32(0)
-        count = Int32(0)
-        offset = Int64(0)
+            # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
+            # [first, first + count) and its fp16 A starts `offset` bytes into the staging area
+            # (A_CHUNK_K fp16 = 64 bytes per chunk).
+            group = Int32(-1)
+            first = Int32(0)
+            count = Int32(0)
+            offset = Int64(0)
         c = bidx * stagers + tidx
         # Pair stores (staging.PAIR_STORES): the odd lane of a pair takes `odd` = all ones.
         odd = Uint32(0) - Uint32(tidx % 2)
