@@ -402,11 +402,8 @@ class StagedA:
                             prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
                         ahead_group = next_group
             else:
-                if group != prev_group:
-                    desc_set = self._next_set(desc_set)
-                    self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                                a16_base, m, n, k)
-                    prev_group = group
+                desc_set, prev_group = self._patch_on_group_change(
+                    atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
             b_state, a_state = self._produce_piece(
                 ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
                 prefix, m, 0, pre, k // K_TILE)
@@ -414,6 +411,19 @@ class StagedA:
             tile += grid
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
+
+    @cute.jit
+    def _patch_on_group_change(self, atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group,
+                               a16_base, m, n, k) -> tuple:
+        """When a tile's group differs from the previous tile's, patch the next descriptor set
+        for it (as the tile starts: the producers without patch_ahead). Returns the set and
+        group to use from now on (the caller rebinds them)."""
+        if group != prev_group:
+            desc_set = self._next_set(desc_set)
+            self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
+                                        a16_base, m, n, k)
+            prev_group = group
+        return desc_set, prev_group
 
     @cute.jit
     def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,

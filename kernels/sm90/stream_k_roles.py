@@ -122,11 +122,8 @@ class StreamK:
                 dp_left, tile_dp, u_lo, u_hi, t_dp, grid, sizes, prefix, num_groups)
             group, m, n, k = self._group_of(tile, Int32(0), prefix, sizes)
             ke = cutlass.min(ke, k // K_TILE)
-            if group != prev_group:
-                desc_set = self._next_set(desc_set)
-                self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                            a16_base, m, n, k)
-                prev_group = group
+            desc_set, prev_group = self._patch_on_group_change(
+                atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
             b_state, a_state = self._produce_piece(
                 ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
                 prefix, m, kb, pre, ke)
