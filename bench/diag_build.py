@@ -52,6 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SM90 = Path("kernels/sm90")
 MAIN, STAGED, WEIGHTS, DEQUANT = "grouped_gemm.py", "staged.py", "weights.py", "dequant.py"
+STREAMED = "streamed.py"
 
 # Edits are (file under kernels/sm90, old text, new text). The build guard must not reject a
 # diagnostic build: nomma and sync_only leave only empty wgmma commit groups, which look
@@ -77,6 +78,10 @@ _NOMMA = [
         acc[0] = acc[0] + Float32(sink & Uint32(1))
         return b_state, a_state, prev_slot'''),
 ]
+# stream_a builds (the spec must set it): the producer never waits for staged A.
+_SA_NOWAIT = (STREAMED, """        if need >= ready:
+            ready = self._await_staged(bank, need, iterations, grid)
+""", "")
 _CONSUMER_SYNC = [
     (STAGED, "            b_pipe.consumer_wait(b_state)\n", ""),
     (STAGED, ("                    b_pipe.consumer_release(b_state)  # the weights are in "
@@ -191,6 +196,16 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
         (STAGED, "                if row0 + r < m and col0 + c8 < n:\n",
          "                if row0 + r < 0:\n"),
     ],
+    "sa_nowait": [_SA_NOWAIT],
+    "sa_nostage": [
+        _SA_NOWAIT,
+        (STREAMED, "        for it in cutlass.range(iterations, unroll=1):",
+         "        for it in cutlass.range(iterations * 0, unroll=1):"),
+        (STREAMED, "        if iterations == 0:\n            epoch_read",
+         "        if iterations * 0 == 0:\n            epoch_read"),
+        (STREAMED, "        if iterations > 0:\n            self._await_staged",
+         "        if iterations < 0:\n            self._await_staged"),
+    ],
     "mma2x": [(STAGED, _STEP_MMA, _STEP_MMA + _STEP_MMA)],
     "nohmul": [(DEQUANT, _SCALE_MUL, _SCALE_XOR)],
     "nolds": [(WEIGHTS, """        lo = ld_shared_u32(base + (((2 * s) ^ (row % 8)) * 16) + 4 * c)
@@ -234,7 +249,8 @@ def patched(sources: dict[str, str], variant: str) -> dict[str, str]:
 
 def kernel_sources(root: Path) -> dict[str, str]:
     """The files the variants edit, by name."""
-    return {name: (root / SM90 / name).read_text() for name in (MAIN, STAGED, WEIGHTS, DEQUANT)}
+    return {name: (root / SM90 / name).read_text()
+            for name in (MAIN, STAGED, WEIGHTS, DEQUANT, STREAMED)}
 
 
 def copy_tree(dest: Path) -> None:

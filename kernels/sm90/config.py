@@ -55,6 +55,11 @@ class Config:
     # ahead (and prefetches them), instead of when that tile starts; a group change then no
     # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
     patch_ahead: bool = False
+    # With a_fp16: phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps
+    # 1..3 stage A in K order (kernels/sm90/staging.py, "streamed staging") while the consumers
+    # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
+    # and at most LANE_GROUPS groups (check_groups).
+    stream_a: bool = False
 
 
 def launch_registers(threads: int) -> int:
@@ -82,6 +87,19 @@ C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid 
 # Up to this many groups, phase 1 (a_fp16) holds the group tables one per lane of each staging
 # warp; more groups walk them (kernels/sm90/staged.py, _stage_a).
 LANE_GROUPS = 32
+
+
+def check_groups(config: Config, ks: list[int]) -> list[str]:
+    """Reasons the config cannot serve groups of these k (in order); empty when it can."""
+    reasons = []
+    if config.stream_a is True:
+        if len(set(ks)) > 1:
+            reasons.append(f"stream_a needs one k for all groups (it stages A in K order "
+                           f"across groups), but the groups have k {sorted(set(ks))}")
+        if len(ks) > LANE_GROUPS:
+            reasons.append(f"stream_a serves at most {LANE_GROUPS} groups (one per lane of a "
+                           f"staging warp), but got {len(ks)}")
+    return reasons
 
 
 def c_tile_bytes(config: Config) -> int:
@@ -154,6 +172,11 @@ def check(config: Config) -> list[str]:
     elif config.patch_ahead and (config.a_fp16 is False or config.stream_k is True):
         reasons.append("patch_ahead needs a_fp16: true and stream_k: false (only the default "
                        "staged-A producer looks ahead)")
+    if not isinstance(config.stream_a, bool):
+        reasons.append(f"stream_a must be true or false, but got {config.stream_a!r}")
+    elif config.stream_a and (config.a_fp16 is False or config.stream_k is True):
+        reasons.append("stream_a needs a_fp16: true and stream_k: false (only the default "
+                       "staged-A producer waits for streamed A)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

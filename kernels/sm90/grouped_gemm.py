@@ -76,7 +76,9 @@ from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
+from .staging import STREAM_HEADER_BYTES
 from .stream_k_roles import StreamK
+from .streamed import StreamedA
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 from .weights import WeightFragments
 
@@ -87,7 +89,7 @@ _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 
 
-class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
+class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -113,6 +115,10 @@ class Sm90GroupedGemm(StagedA, StreamK, PerTileA, WeightFragments):
         self.desc_sets = tma.sets_needed(
             (max(config.stages, -(-config.a_slots // SUB_STEPS)) + int(config.patch_ahead))
             if config.a_fp16 else config.stages)
+        # The zeroed header at the workspace's start and the grid_barrier parameter: the grid
+        # barrier (staged.py), or with stream_a the progress counters (staging.py).
+        self.header_bytes = ((STREAM_HEADER_BYTES if config.stream_a else HEADER_BYTES)
+                             if config.a_fp16 else 0)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -453,7 +459,7 @@ def compile_kernel(config: Config, *, arch: str,
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
-            header_bytes=HEADER_BYTES if config.a_fp16 else 0,
+            header_bytes=gemm.header_bytes,
             bytes_per_a_element=2 if config.a_fp16 else 0,
             extra_bytes_per_cta=gemm.sk_slot_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,

@@ -73,7 +73,7 @@ class StagedA:
         sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
                                                         num_groups)
         ws_base = workspace.toint()
-        a16_base = ws_base + HEADER_BYTES + grid * (self.desc_sets * tma.MAPS_PER_SET
+        a16_base = ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
                                                     * tma.TENSORMAP_BYTES)
         sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
         if cutlass.const_expr(self.config.stream_k):
@@ -81,7 +81,48 @@ class StagedA:
             if tidx == 0:  # ordered before every CTA's wait by the grid barrier below
                 st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
-        desc_base = ws_base + HEADER_BYTES
+        desc_base = ws_base + self.header_bytes
+        if cutlass.const_expr(self.config.stream_a):
+            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                                 prefix, desc_base, a16_base, grid_barrier.toint(), total_tiles,
+                                 num_groups, tidx, warp_idx, bidx, grid)
+        else:
+            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                                prefix, desc_base, a16_base, sk_base, grid_barrier,
+                                total_tiles, num_groups, tidx, warp_idx, bidx, grid)
+
+    @cute.jit
+    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                        prefix, desc_base, a16_base, header, total_tiles, num_groups, tidx,
+                        warp_idx, bidx, grid) -> None:
+        """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
+        then store C tiles, the consumers start at once."""
+        cute.arch.barrier()  # the pipelines' mbarriers are initialized before any role waits
+        split = self._register_split()
+        if warp_idx < 4:
+            if cutlass.const_expr(split is not None):
+                cute.arch.warpgroup_reg_dealloc(split[0])
+            if warp_idx == 0:
+                self._producer_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes,
+                                        ptrs, prefix, desc_base, a16_base, header, total_tiles,
+                                        bidx, grid, num_groups, tidx)
+            else:
+                self._stage_streamed(sizes, ptrs, num_groups, a16_base, header, tidx - 32, bidx,
+                                     grid)
+                if cutlass.const_expr(self.config.async_epilogue):
+                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                      tidx - 32)
+        else:
+            if cutlass.const_expr(split is not None):
+                cute.arch.warpgroup_reg_alloc(split[1])
+            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,
+                               total_tiles, bidx, grid, tidx - WARPGROUP)
+
+    @cute.jit
+    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                       prefix, desc_base, a16_base, sk_base, grid_barrier, total_tiles,
+                       num_groups, tidx, warp_idx, bidx, grid) -> None:
+        """Phase 1 (all warps but warp 0 stage A), the grid barrier, then the roles."""
         # The grid barrier's generation before this CTA arrives, read now so that its round
         # trip overlaps the staging: it cannot move before every CTA, this one included, has
         # arrived.
@@ -254,25 +295,33 @@ class StagedA:
                 words.append(ld_global_nc_v4(src))
                 scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
-            for u in cutlass.range_constexpr(STAGE_UNROLL):
-                outs = dequant_chunk(words[u], scales[u])
-                # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
-                vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
-                       for q in range(4)}
-                for r in cutlass.range_constexpr(2):
-                    even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]
-                    vec[f"r{r}"] = [cute.arch.shuffle_sync_bfly(
-                        select_bits(vec[odd_sends][w], vec[even_sends][w], odd), 1)
-                        for w in range(4)]
-                # Both lanes of a pair pass or fail this together: total is even.
-                if c + u * stride < total:
-                    for i in cutlass.range_constexpr(4):
-                        even_v, odd_v = PAIR_STORES[0][i][1], PAIR_STORES[1][i][1]
-                        st_global_v4(dsts[u] + Int64(pair_store_offset(i, tidx % 2)),
-                                     *[select_bits(vec[odd_v][w], vec[even_v][w], odd)
-                                       for w in range(4)])
+            # Both lanes of a pair pass or fail the check together: total is even.
+            self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd,
+                               tidx)
             c += STAGE_UNROLL * stride
         fence_proxy_async_global()
+
+    @cute.jit
+    def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:
+        """Convert the loaded chunks (packed words and scale pairs, one per list entry) and write
+        them to `dsts` with pair stores (staging.PAIR_STORES); `valid(u)` says whether chunk u is
+        real (the same for both lanes of a pair). The whole warp takes part (shuffles)."""
+        for u in cutlass.range_constexpr(len(words)):
+            outs = dequant_chunk(words[u], scales[u])
+            # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
+            vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
+                   for q in range(4)}
+            for r in cutlass.range_constexpr(2):
+                even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]
+                vec[f"r{r}"] = [cute.arch.shuffle_sync_bfly(
+                    select_bits(vec[odd_sends][w], vec[even_sends][w], odd), 1)
+                    for w in range(4)]
+            if valid(u):
+                for i in cutlass.range_constexpr(4):
+                    even_v, odd_v = PAIR_STORES[0][i][1], PAIR_STORES[1][i][1]
+                    st_global_v4(dsts[u] + Int64(pair_store_offset(i, tidx % 2)),
+                                 *[select_bits(vec[odd_v][w], vec[even_v][w], odd)
+                                   for w in range(4)])
 
     @cute.jit
     def _grid_barrier(self, barrier, grid, seen) -> None:
@@ -369,9 +418,11 @@ class StagedA:
 
     @cute.jit
     def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                      prefix, desc_base, a16_base, total_tiles, bidx, grid) -> None:
+                      prefix, desc_base, a16_base, total_tiles, bidx, grid,
+                      progress=None) -> None:
         """After the grid barrier; _producer_prologue has copied the templates and loaded the
-        first tile's first `pre` weight stages with descriptor set 0."""
+        first tile's first `pre` weight stages with descriptor set 0. With stream_a there is no
+        grid barrier: `progress` (streamed.py) lets each tile's A loads wait for their chunks."""
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -385,6 +436,7 @@ class StagedA:
         # patch_ahead: the newest patched set and the group it holds (set 0: the prologue's).
         ahead_set = Int32(0)
         ahead_group = prev_group
+        ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -404,9 +456,14 @@ class StagedA:
             else:
                 desc_set, prev_group = self._patch_on_group_change(
                     atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-            b_state, a_state = self._produce_piece(
-                ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                prefix, m, 0, pre, k // K_TILE)
+            if cutlass.const_expr(progress is None):
+                b_state, a_state = self._produce_piece(
+                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                    prefix, m, 0, pre, k // K_TILE)
+            else:
+                b_state, a_state, ready = self._produce_piece(
+                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                    prefix, m, 0, pre, k // K_TILE, (progress, ready, sizes, grid))
             pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
@@ -427,22 +484,35 @@ class StagedA:
 
     @cute.jit
     def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
-                       tile, group, prefix, m, kb, pre, ke) -> tuple:
+                       tile, group, prefix, m, kb, pre, ke, streamed=None) -> tuple:
         """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
         tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
         weights are already loaded (the prologue's first tile), so only their A goes. Returns
-        the advanced pipeline states (the caller rebinds them, as _produce_b's)."""
+        the advanced pipeline states (the caller rebinds them, as _produce_b's). With stream_a,
+        `streamed` is (progress, ready, sizes, grid) and each stage's A waits until it is
+        staged (streamed.py); `ready` is returned too."""
         tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
         d_b = self._desc(ws, bidx, desc_set, OP_B)
         d_a = self._desc(ws, bidx, desc_set, OP_A)
         d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
         row_a = tile_m_idx * self.tile_m
         row_b = tile_n_idx * self.tile_n
+        ready = Int32(0)
+        row_end = Int32(0)
+        if cutlass.const_expr(streamed is not None):
+            progress, ready, sizes, grid = streamed
+            row_end = self._row_end(sizes, group, row_a, m)
         for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
+            if cutlass.const_expr(streamed is not None):
+                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
         for kt in cutlass.range(kb + pre, ke, unroll=1):
             b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
+            if cutlass.const_expr(streamed is not None):
+                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+        if cutlass.const_expr(streamed is not None):
+            return b_state, a_state, ready
         return b_state, a_state
 
     @cute.jit

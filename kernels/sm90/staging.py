@@ -55,3 +55,55 @@ def pair_store_offset(i: int, p: Any) -> Any:
     """Byte offset of store i of lane parity p from the lane's own chunk output (PAIR_STORES,
     one formula for both parities, as the kernel computes it)."""
     return 64 * (i // 2) + 32 * (i % 2) - 48 * p
+
+
+# ------------------------------------------------------------------ streamed staging (stream_a)
+# With Config.stream_a, phase 1 overlaps the tile loop: warps 1..3 of every CTA stage A while
+# the consumers already run, and each producer waits only for the A it is about to load. The
+# chunks are then numbered K-slab-major: slab kt holds the chunks of weight stage kt (K_TILE
+# elements, SLAB_CHUNKS chunks) of every row of every group (rows back to back, as the fp16
+# area holds them), so the first stages of all tiles are staged first. It needs one k for all
+# groups (kernels/sm90/config.py, check_groups).
+SLAB_CHUNKS = 256 // A_CHUNK_K  # chunks of one row in one weight stage (config.K_TILE)
+STREAM_STAGERS = 3 * 32  # warps 1..3
+STREAM_UNROLL = 2  # chunks a stager has in flight (they run at the producer warpgroup's registers)
+
+
+def slab_chunk(index: Any, rows: Any) -> tuple[Any, Any, Any]:
+    """(stage kt, row among all groups' rows, K chunk within the row) of streamed chunk
+    `index`, for `rows` rows in all."""
+    slab = rows * SLAB_CHUNKS
+    kt = index // slab
+    r = index - kt * slab
+    return kt, r // SLAB_CHUNKS, kt * SLAB_CHUNKS + r % SLAB_CHUNKS
+
+
+def chunks_before(kt: Any, row_end: Any, rows: Any) -> Any:
+    """How many streamed chunks precede the end of stage kt's chunks of rows < row_end: once
+    they are all staged, so are stages 0..kt of those rows."""
+    return (kt * rows + row_end) * SLAB_CHUNKS
+
+
+# The progress header (the kernel's grid_barrier parameter, zeroed by the runtime once): two
+# banks of PROGRESS_SLOTS counters and an epoch word. A launch uses bank epoch % 2: after a
+# streaming iteration, each CTA adds 1 to its slot (iterations past the last slot share it). CTA 0
+# zeroes the other bank and advances the epoch once every iteration is counted, which is after
+# every CTA has read the epoch; the next launch (stream-ordered) then finds its bank zeroed.
+PROGRESS_SLOTS = 32
+PROGRESS_BANK_BYTES = PROGRESS_SLOTS * 4
+EPOCH_OFFSET = 2 * PROGRESS_BANK_BYTES
+STREAM_HEADER_BYTES = 384  # the banks and the epoch, rounded up to whole 128-byte lines
+
+
+def progress_slot(iteration: Any) -> Any:
+    """The counter slot streaming iteration `iteration` adds to."""
+    return min(iteration, PROGRESS_SLOTS - 1)
+
+
+def progress_target(iteration: Any, iterations: Any, grid: Any) -> tuple[Any, Any]:
+    """(value of progress_slot(iteration) once `iteration` is staged by all `grid` CTAs, and how
+    many iterations are then known staged). The last slot is shared, so it proves only that all
+    `iterations` are."""
+    if iteration < PROGRESS_SLOTS - 1:
+        return grid, iteration + 1
+    return grid * (iterations - (PROGRESS_SLOTS - 1)), iterations

@@ -1,0 +1,219 @@
+"""v3 with Config.stream_a: phase 1 overlapped with the tile loop (a mixin of Sm90GroupedGemm).
+
+Without it, every warp but the producer of every CTA stages all of A to fp16, and a grid barrier
+holds every tile back until the last chunk is written (5-9 us of the benchmark sets, bench/
+RESULTS.md). Here warps 1..3 of each CTA stage A in K-slab order (staging.py, "streamed
+staging") while the consumers start at once; after each streaming iteration a CTA counts it in
+the progress header (staging.py), and the producer, before loading stage kt of a tile's A rows,
+waits until the iterations holding those chunks are counted by every CTA. Warps 1..3 then go
+on to store C tiles (async_epilogue) as before.
+
+Memory order, as the grid barrier had it: stagers' generic stores, fence.proxy.async, a CTA
+barrier among the stagers, then one release add; the producer's acquire load, then
+fence.proxy.async, then the TMA loads (async proxy) of the fp16 A.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Int32, Int64, Uint32
+
+from kernels import tables
+
+from .config import K_TILE
+from .ptx import (fence_proxy_async_global, ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4,
+                  nanosleep, red_add_release_gpu_u32, st_relaxed_gpu_u32)
+from .staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
+                      STREAM_STAGERS, STREAM_UNROLL, chunk_addresses, chunks_before, slab_chunk)
+
+# Named barriers (0 is the CTA's; 1..4 are taken, staged.py and per_tile.py): the stagers after
+# each iteration, and the producer's epoch read handed to them before their first count.
+_STAGERS_DONE, _EPOCH_READ = 5, 6
+
+
+class StreamedA:
+    """Streamed staging: the stagers, the producer's waits and the header's upkeep."""
+
+    @cute.jit
+    def _progress_bank(self, header, epoch) -> Int64:
+        """Address of the counter bank this launch uses (staging.py, the progress header)."""
+        return header + Int64(epoch & Uint32(1)) * Int64(PROGRESS_BANK_BYTES)
+
+    @cute.jit
+    def _stream_plan(self, sizes, num_groups, grid) -> tuple:
+        """(rows of all groups, chunks per iteration, iterations) of this call's streaming;
+        the same on every thread that asks."""
+        rows = Int32(0)
+        for g in cutlass.range(num_groups, unroll=1):
+            rows += sizes[g, tables.COL_M]
+        per_iter = STREAM_UNROLL * grid * STREAM_STAGERS
+        total = rows * (sizes[0, tables.COL_K] // A_CHUNK_K)
+        return rows, per_iter, (total + per_iter - 1) // per_iter
+
+    @cute.jit
+    def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, header, st, bidx,
+                        grid) -> None:
+        """Warps 1..3 (`st` 0..95): stage every group's A in K-slab order, STREAM_UNROLL chunks
+        per thread per iteration (a grid-stride loop over the call's chunks), counting each
+        iteration in the progress header once the CTA's stagers have written it."""
+        lane = st % 32
+        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
+        bank = self._progress_bank(header, epoch)
+        # Lane g holds group g (staged.py's _stage_chunks, with rows instead of chunks): its
+        # rows [first_l, end_l) among all groups' rows, its A and scale pointers.
+        own = cutlass.min(lane, num_groups - 1)
+        k = sizes[0, tables.COL_K]  # one k for all groups (config.check_groups)
+        a_l = ptrs[own, tables.PTR_A]
+        sf_l = ptrs[own, tables.PTR_SFA]
+        m_l = sizes[own, tables.COL_M]
+        if lane >= num_groups:
+            m_l = Int32(0)
+        end_l = m_l
+        for d in cutlass.range_constexpr(5):
+            below = cute.arch.shuffle_sync_up(end_l, 1 << d)
+            if lane >= (1 << d):
+                end_l = end_l + below
+        rows = cute.arch.shuffle_sync(end_l, 31)
+        first_l = end_l - m_l
+        per_row = k // A_CHUNK_K
+        total = rows * per_row
+        stride = grid * STREAM_STAGERS
+        per_iter = STREAM_UNROLL * stride
+        iterations = (total + per_iter - 1) // per_iter
+        found = cute.make_rmem_tensor(STREAM_UNROLL, Int32)
+        odd = Uint32(0) - Uint32(st % 2)  # pair stores: the odd lane of a pair
+        stagers_done = pipeline.NamedBarrier(barrier_id=_STAGERS_DONE,
+                                             num_threads=STREAM_STAGERS)
+        epoch_read = pipeline.NamedBarrier(barrier_id=_EPOCH_READ,
+                                           num_threads=STREAM_STAGERS + 32)
+        for it in cutlass.range(iterations, unroll=1):
+            c = it * per_iter + bidx * STREAM_STAGERS + st
+            # Past the end: the last chunk again (valid memory), stored by nobody.
+            cus = [cutlass.min(c + u * stride, total - 1) for u in range(STREAM_UNROLL)]
+            places = [slab_chunk(cu, rows) for cu in cus]  # (kt, row, kc)
+            found.fill(0)
+            for j in cutlass.range(num_groups - 1, unroll=1):
+                end_j = cute.arch.shuffle_sync(end_l, j)
+                for u in cutlass.range_constexpr(STREAM_UNROLL):
+                    found[u] = found[u] - ((end_j - 1 - places[u][1]) >> 31)
+            dsts, words, scales = [], [], []
+            for u in cutlass.range_constexpr(STREAM_UNROLL):
+                _, row, kc = places[u]
+                g = found[u]
+                first_u = cute.arch.shuffle_sync(first_l, g)
+                a_u = cute.arch.shuffle_sync(a_l, g)
+                sf_u = cute.arch.shuffle_sync(sf_l, g)
+                src, sf, dst = chunk_addresses(
+                    (row - first_u) * per_row + kc, 0, k,
+                    lambda: (a_u, sf_u, a16_base + Int64(first_u) * Int64(k * 2)), Int64)
+                words.append(ld_global_nc_v4(src))
+                scales.append(ld_global_nc_u16(sf))
+                dsts.append(dst)
+            # Both lanes of a pair pass or fail the check together: total is even.
+            self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
+            fence_proxy_async_global()
+            if it == iterations - 1:
+                # The producer read the epoch before this (it arrives right after its
+                # prologue, long before the last iteration): CTA 0 cannot advance the epoch
+                # before every CTA's last count, so no CTA of this launch sees the next one's.
+                epoch_read.arrive_and_wait()
+            stagers_done.arrive_and_wait()
+            if st == 0:
+                red_add_release_gpu_u32(
+                    bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
+        if iterations == 0:
+            epoch_read.arrive_and_wait()
+
+    @cute.jit
+    def _await_staged(self, bank, need, iterations, grid) -> Int32:
+        """Producer: wait until streaming iteration `need` is counted by every CTA; returns how
+        many iterations are then known staged (staging.progress_target). The last slot is read
+        in the same round trip: once it is complete, so is every iteration (each CTA counts
+        its iterations in order), and the producer waits no more."""
+        last = cutlass.min(iterations - 1, PROGRESS_SLOTS - 1)
+        seen = ld_acquire_gpu_u32(bank + Int64(cutlass.min(need, last) * 4))
+        seen_last = ld_acquire_gpu_u32(bank + Int64(last * 4))
+        while seen < self._slot_target(need, iterations, grid):
+            nanosleep(64)
+            seen = ld_acquire_gpu_u32(bank + Int64(cutlass.min(need, last) * 4))
+        done = self._slot_done(need, iterations)
+        if seen_last >= self._slot_target(last, iterations, grid):
+            done = iterations
+        # The fp16 A was written by generic stores; the TMA loads that follow read it.
+        fence_proxy_async_global()
+        return done
+
+    @cute.jit
+    def _slot_target(self, it, iterations, grid) -> Uint32:
+        """staging.progress_target's count for iteration `it` (slots past the last are shared)."""
+        target = Uint32(grid)
+        if it >= PROGRESS_SLOTS - 1:
+            target = Uint32(grid * (iterations - (PROGRESS_SLOTS - 1)))
+        return target
+
+    @cute.jit
+    def _slot_done(self, it, iterations) -> Int32:
+        """staging.progress_target's iterations known staged once `it`'s slot is complete."""
+        done = it + 1
+        if it >= PROGRESS_SLOTS - 1:
+            done = iterations
+        return done
+
+    @cute.jit
+    def _row_end(self, sizes, group, row_a, m) -> Int32:
+        """One past the last A row (among all groups' rows) of the tile at row_a of `group`."""
+        first = Int32(0)
+        for g in cutlass.range(group, unroll=1):
+            first += sizes[g, tables.COL_M]
+        return first + cutlass.min(row_a + self.tile_m, m)
+
+    @cute.jit
+    def _wait_stage_a(self, progress, ready, row_end, kt, grid) -> Int32:
+        """Producer, before loading stage kt of a tile's A rows (up to row_end): wait for their
+        chunks unless an earlier wait already covered them. `ready`: iterations known staged;
+        returns it updated (the caller rebinds it)."""
+        bank, rows, per_iter, iterations = progress
+        need = (chunks_before(kt, row_end, rows) - 1) // per_iter
+        if need >= ready:
+            ready = self._await_staged(bank, need, iterations, grid)
+        return ready
+
+    @cute.jit
+    def _finish_progress(self, progress, epoch, header, grid, lane) -> None:
+        """CTA 0's producer warp, after its last load: once every iteration is counted (so every
+        CTA has read the epoch), zero the other bank for the next launch and advance the
+        epoch."""
+        bank, rows, per_iter, iterations = progress
+        if iterations > 0:
+            self._await_staged(bank, iterations - 1, iterations, grid)
+        other = self._progress_bank(header, epoch + Uint32(1))
+        st_relaxed_gpu_u32(other + Int64(lane * 4), Uint32(0))  # PROGRESS_SLOTS == 32 lanes
+        if lane == 0:
+            st_relaxed_gpu_u32(header + EPOCH_OFFSET, epoch + Uint32(1))
+
+    @cute.jit
+    def _producer_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                           prefix, desc_base, a16_base, header, total_tiles, bidx, grid,
+                           num_groups, lane) -> None:
+        """Warp 0 with stream_a: the epoch, the prologue (descriptor templates, first weight
+        stages), the epoch handed to the stagers, the tile loop with waits for staged A, and
+        CTA 0's upkeep of the header."""
+        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
+        self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
+                                desc_base, a16_base, total_tiles, bidx, grid, num_groups)
+        rows, per_iter, iterations = self._stream_plan(sizes, num_groups, grid)
+        progress = (self._progress_bank(header, epoch), rows, per_iter, iterations)
+        pipeline.NamedBarrier(barrier_id=_EPOCH_READ,
+                              num_threads=STREAM_STAGERS + 32).arrive()
+        self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
+                           prefix, desc_base, a16_base, total_tiles, bidx, grid, progress)
+        if bidx == 0:
+            self._finish_progress(progress, epoch, header, grid, lane)
+
+
+assert PROGRESS_SLOTS == 32, "_finish_progress zeroes one slot per lane"
+assert K_TILE == 256, "staging.SLAB_CHUNKS assumes 256-K weight stages"
