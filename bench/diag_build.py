@@ -30,6 +30,10 @@ first three):
                 integer pipe): the same instruction count, no fp16 math next to the wgmma
   nolds         the conversion reads no shared memory: its weight and scale words are made
                 from their addresses (the wgmmas still read A from shared memory)
+  sa_nowait     (stream_a builds) the producer never waits for staged A
+  sa_nostore    sa_nowait, and the stagers store nothing (loads and conversion kept)
+  sa_nofence    the stagers' proxy fence after each iteration dropped (the producer's kept)
+  sa_nostage    no staging at all: the tile loop alone, as if A were staged for free
 
 mma2x and wait0 tell apart why conversion and MMA add up on dense_a (RESULTS.md, eighth
 session): if a warpgroup's conversion already waits for its own wgmma, wait0 costs nothing;
@@ -197,6 +201,13 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
          "                if row0 + r < 0:\n"),
     ],
     "sa_nowait": [_SA_NOWAIT],
+    "sa_nostore": [
+        _SA_NOWAIT,
+        (STREAMED, "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total,",
+         "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < 0,"),
+    ],
+    "sa_nofence": [(STREAMED, "            fence_proxy_async_global()\n            if it == iterations - 1:",
+                    "            if it == iterations - 1:")],
     "sa_nostage": [
         _SA_NOWAIT,
         (STREAMED, "        for it in cutlass.range(iterations, unroll=1):",

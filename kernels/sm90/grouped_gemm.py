@@ -9,7 +9,9 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
            scale * 2^-7, exact) into the workspace, in the kernel's permuted K order, while
            warp 0 loads its first tile's first weight stages; a grid-wide barrier follows (the
            launch is cooperative, so all CTAs are resident; its counters are at the
-           grid_barrier parameter, zeroed by the runtime and left zeroed)
+           grid_barrier parameter, zeroed by the runtime and left zeroed). With
+           Config.stream_a (streamed.py) there is no such phase: warps 1..3 stage A in K order
+           while the tiles run, and the producer waits for each stage's A rows alone
   phase 2: TMA (packed B fp4 and its scale bytes, per-group descriptors patched in the
            workspace) -> a `stages`-deep mbarrier pipeline; TMA of fp16 A tiles (64 K each)
            -> an `a_slots`-deep ring; one producer warp issues both
@@ -43,9 +45,9 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
 are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-stream_k_roles.py (v3's stream-K producer and consumers), per_tile.py (v2) and weights.py
-(weights into wgmma registers, both versions); structure.py has
-the layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
+streamed.py (v3's stream_a: staging overlapped with the tiles), stream_k_roles.py (v3's
+stream-K producer and consumers), per_tile.py (v2) and weights.py (weights into wgmma
+registers, both versions); structure.py has the layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
 
 from __future__ import annotations

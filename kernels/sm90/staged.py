@@ -65,7 +65,8 @@ class StagedA:
                     grid) -> None:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
-        tiles into a ring the wgmma reads directly, and only the weights converted per tile."""
+        tiles into a ring the wgmma reads directly, and only the weights converted per tile.
+        With stream_a the two overlap (_roles_streamed, streamed.py)."""
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
