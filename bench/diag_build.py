@@ -101,7 +101,7 @@ _CONSUMER_SYNC = [
      "        warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
-_PRODUCER_TILES = '''        ahead_group = prev_group
+_PRODUCER_TILES = '''        ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
         tile = bidx
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        prev_slot = Int32(0)
@@ -185,8 +185,8 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
                       (STAGED, _STAGING_END,
                        _STAGING_END.replace("        fence_proxy_async_global()\n", ""))],
     "stage_nostore": [*_NO_TILES, _NO_BARRIER,
-                      (STAGED, "                if c + u * stride < total:\n",
-                       "                if c + u * stride < total and outs[0][0] == Uint32(0x12345678):\n")],
+                      (STAGED, "            if valid(u):\n",
+                       "            if valid(u) and outs[0][0] == Uint32(0x12345678):\n")],
     # The whole loop, no C stores (the epilogue's cost). With async_epilogue the consumers still
     # hand each tile over (the storers would wait forever otherwise) and the storers skip the
     # global stores.
@@ -206,14 +206,12 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
         (STREAMED, "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total,",
          "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < 0,"),
     ],
-    "sa_nofence": [(STREAMED, "            fence_proxy_async_global()\n            if it == iterations - 1:",
-                    "            if it == iterations - 1:")],
+    "sa_nofence": [(STREAMED, "            fence_proxy_async_global()\n            stagers_done",
+                    "            stagers_done")],
     "sa_nostage": [
         _SA_NOWAIT,
         (STREAMED, "        for it in cutlass.range(iterations, unroll=1):",
          "        for it in cutlass.range(iterations * 0, unroll=1):"),
-        (STREAMED, "        if iterations == 0:\n            epoch_read",
-         "        if iterations * 0 == 0:\n            epoch_read"),
         (STREAMED, "        if iterations > 0:\n            self._await_staged",
          "        if iterations < 0:\n            self._await_staged"),
     ],

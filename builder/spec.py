@@ -336,20 +336,23 @@ class _Checker:
                                 f"with 32-bit offsets), but groups[{g}] has n = {n}: {max_m} * "
                                 f"{n} = {max_m * n}")
 
-    def groups_fit(self, builds: tuple[ArchBuild, ...], groups: tuple, path: str) -> None:
-        """Options that depend on the groups (kernels/<family>/config.py, check_groups)."""
+    def groups_fit(self, builds: tuple[ArchBuild, ...], groups: tuple, path: str,
+                   own_opts: dict[str, dict[str, Any]]) -> None:
+        """Options that depend on the groups (kernels/<family>/config.py, check_groups),
+        reported where the options came from, as resolve() does."""
         ks = [g[-1] for g in groups]  # (m, n, k), or (n, k) with m dynamic
         for build in builds:
             family = self.families.family_for(build.arch)
             check_groups = getattr(family.config, "check_groups", None)
             if check_groups is None:
                 continue
+            where = (f"{path}.options.{build.arch}" if build.arch in own_opts
+                     else f"{path}.options (from defaults.options.{build.arch})")
             for s in build.acc_stages:
                 reasons = check_groups(family.make_config(s, build.options_dict()), ks)
                 if reasons:
-                    raise self.fail(f"{path}.options.{build.arch}",
-                                    f"the {family.name} config for acc stage {s} cannot serve "
-                                    f"this set's groups: {'; '.join(reasons)}")
+                    raise self.fail(where, f"the {family.name} config for acc stage {s} cannot "
+                                           f"serve this set's groups: {'; '.join(reasons)}")
 
     def resolve(self, set_path: str, archs: tuple[str, ...],
                 acc: tuple[dict[str | None, tuple[int, ...]], bool] | None,
@@ -456,7 +459,7 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
         dynamic, max_m = c.dynamic_m(s, path)
         groups = c.groups(s["groups"], f"{path}.groups", archs, dynamic)
         c.max_m_fits(max_m, groups, path)
-        c.groups_fit(builds, groups, path)
+        c.groups_fit(builds, groups, path, own_opts)
         sets.append(SetSpec(name=name, groups=groups, builds=builds, dynamic_m=dynamic,
                             max_m=max_m))
     return ShapeSpec(source=source, sets=tuple(sets))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import NEEDS_DSL
 
-from kernels.sm90.config import (C_ROW_PAD, SMEM_LIMIT, Config, c_tile_bytes, check,
-                                 launch_registers, register_split_fits, scale_blocks,
-                                 smem_bytes)
+from kernels.sm90.config import (C_ROW_PAD, LANE_GROUPS, SMEM_LIMIT, Config, c_tile_bytes,
+                                 check, check_groups, launch_registers, register_split_fits,
+                                 scale_blocks, smem_bytes)
 
 
 def test_default_is_v3_and_fits() -> None:
@@ -80,6 +80,8 @@ PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true and stream_k: false (only t
                      "staged-A producer looks ahead)")
 ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (only the "
                         "default staged-A consumer hands its tiles over)")
+STREAM_A_NEEDS = ("stream_a needs a_fp16: true and stream_k: false (only the default staged-A "
+                  "producer waits for streamed A)")
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -100,6 +102,11 @@ ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (
      ASYNC_EPILOGUE_NEEDS),
     ({"async_epilogue": True, "stream_k": True},
      ASYNC_EPILOGUE_NEEDS),
+    ({"stream_a": 1}, "stream_a must be true or false, but got 1"),
+    ({"stream_a": "yes"}, "stream_a must be true or false, but got 'yes'"),
+    ({"stream_a": None}, "stream_a must be true or false, but got None"),
+    ({"stream_a": True, "a_fp16": False}, STREAM_A_NEEDS),
+    ({"stream_a": True, "stream_k": True}, STREAM_A_NEEDS),
     ({"a_fp16": True, "w_regs": False},
      "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
@@ -123,6 +130,44 @@ ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (
 ])
 def test_rejected_configs_say_why(kwargs, reason) -> None:
     assert check(Config(**kwargs)) == [reason]
+
+
+def test_stream_a_is_off_by_default_and_costs_no_shared_memory() -> None:
+    """Its progress counters live in the workspace header, not in shared memory."""
+    assert Config().stream_a is False
+    for kwargs in ({}, {"tile_n": 192, "a_slots": 5, "async_epilogue": True, "patch_ahead": True},
+                   {"tile_m": 256, "tile_n": 128, "a_slots": 3, "async_epilogue": True}):
+        on = Config(stream_a=True, **kwargs)
+        assert check(on) == []
+        assert smem_bytes(on) == smem_bytes(Config(**kwargs))
+
+
+ONE_K = ("stream_a needs one k for all groups (it stages A in K order across groups), but the "
+         "groups have k ")
+
+
+@pytest.mark.parametrize("ks, reasons", [
+    ([2048], []),
+    ([2048, 2048], []),
+    ([256] * LANE_GROUPS, []),  # one group per lane of a staging warp
+    ([7168, 2048], [ONE_K + "[2048, 7168]"]),
+    ([2048, 7168, 2048, 512], [ONE_K + "[512, 2048, 7168]"]),  # sorted, each k once
+    ([256] * (LANE_GROUPS + 1),
+     ["stream_a serves at most 32 groups (one per lane of a staging warp), but got 33"]),
+    ([512] + [256] * 40,  # both, in this order
+     [ONE_K + "[256, 512]",
+      "stream_a serves at most 32 groups (one per lane of a staging warp), but got 41"]),
+])
+def test_stream_a_groups_need_one_k_and_at_most_32(ks: list[int], reasons: list[str]) -> None:
+    assert LANE_GROUPS == 32
+    assert check_groups(Config(stream_a=True), ks) == reasons
+
+
+@pytest.mark.parametrize("ks", [[2048], [7168, 2048], [256] * 100, [512] + [256] * 40])
+def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
+    assert check_groups(Config(), ks) == []
+    assert check_groups(Config(a_fp16=False), ks) == []
+    assert check_groups(Config(stream_k=True), ks) == []
 
 
 @pytest.mark.parametrize("warpgroups, producer, consumer, fits", [

@@ -73,7 +73,7 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     Config, c_tile_bytes, check, scale_blocks, smem_bytes)
+                     Config, c_tile_bytes, check, check_groups, scale_blocks, smem_bytes)
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
@@ -420,6 +420,9 @@ def compile_kernel(config: Config, *, arch: str,
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
+    reasons = check_groups(config, [g[-1] for g in groups])
+    if reasons:
+        raise ValueError("; ".join(reasons))
     gemm = Sm90GroupedGemm(config)
     i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
     i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)

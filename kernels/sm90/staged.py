@@ -23,7 +23,8 @@ from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep, prefetch_tensormap,
                   red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
-from .staging import A_CHUNK_K, PAIR_SEND, PAIR_STORES, chunk_addresses, pair_store_offset
+from .staging import (A_CHUNK_K, EPOCH_OFFSET, PAIR_SEND, PAIR_STORES, chunk_addresses,
+                      pair_store_offset)
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 
 # Registers per thread where the consumers need more than an even split of the register file:
@@ -98,18 +99,22 @@ class StagedA:
                         warp_idx, bidx, grid) -> None:
         """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
         then store C tiles, the consumers start at once."""
-        cute.arch.barrier()  # the pipelines' mbarriers are initialized before any role waits
+        # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
+        # this CTA happens before the stagers' first count, and CTA 0, which advances it only
+        # after every count, cannot make a CTA of this launch see the next launch's.
+        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
+        cute.arch.barrier()  # and the pipelines' mbarriers are initialized before any role waits
         split = self._register_split()
         if warp_idx < 4:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_dealloc(split[0])
             if warp_idx == 0:
                 self._producer_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes,
-                                        ptrs, prefix, desc_base, a16_base, header, total_tiles,
-                                        bidx, grid, num_groups, tidx)
+                                        ptrs, prefix, desc_base, a16_base, header, epoch,
+                                        total_tiles, bidx, grid, num_groups, tidx)
             else:
-                self._stage_streamed(sizes, ptrs, num_groups, a16_base, header, tidx - 32, bidx,
-                                     grid)
+                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
                 if cutlass.const_expr(self.config.async_epilogue):
                     self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
                                       tidx - 32)

@@ -30,9 +30,9 @@ from .ptx import (fence_proxy_async_global, ld_acquire_gpu_u32, ld_global_nc_u16
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
                       STREAM_STAGERS, STREAM_UNROLL, chunk_addresses, chunks_before, slab_chunk)
 
-# Named barriers (0 is the CTA's; 1..4 are taken, staged.py and per_tile.py): the stagers after
-# each iteration, and the producer's epoch read handed to them before their first count.
-_STAGERS_DONE, _EPOCH_READ = 5, 6
+# Named barrier of the stagers after each iteration (0 is the CTA's; 1..4 are taken, staged.py
+# and per_tile.py).
+_STAGERS_DONE = 5
 
 
 class StreamedA:
@@ -55,14 +55,12 @@ class StreamedA:
         return rows, per_iter, (total + per_iter - 1) // per_iter
 
     @cute.jit
-    def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, header, st, bidx,
+    def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, bank, st, bidx,
                         grid) -> None:
         """Warps 1..3 (`st` 0..95): stage every group's A in K-slab order, STREAM_UNROLL chunks
         per thread per iteration (a grid-stride loop over the call's chunks), counting each
-        iteration in the progress header once the CTA's stagers have written it."""
+        iteration in `bank` of the progress header once the CTA's stagers have written it."""
         lane = st % 32
-        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
-        bank = self._progress_bank(header, epoch)
         # Lane g holds group g (staged.py's _stage_chunks, with rows instead of chunks): its
         # rows [first_l, end_l) among all groups' rows, its A and scale pointers.
         own = cutlass.min(lane, num_groups - 1)
@@ -88,8 +86,6 @@ class StreamedA:
         odd = Uint32(0) - Uint32(st % 2)  # pair stores: the odd lane of a pair
         stagers_done = pipeline.NamedBarrier(barrier_id=_STAGERS_DONE,
                                              num_threads=STREAM_STAGERS)
-        epoch_read = pipeline.NamedBarrier(barrier_id=_EPOCH_READ,
-                                           num_threads=STREAM_STAGERS + 32)
         for it in cutlass.range(iterations, unroll=1):
             c = it * per_iter + bidx * STREAM_STAGERS + st
             # Past the end: the last chunk again (valid memory), stored by nobody.
@@ -116,17 +112,10 @@ class StreamedA:
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
             fence_proxy_async_global()
-            if it == iterations - 1:
-                # The producer read the epoch before this (it arrives right after its
-                # prologue, long before the last iteration): CTA 0 cannot advance the epoch
-                # before every CTA's last count, so no CTA of this launch sees the next one's.
-                epoch_read.arrive_and_wait()
             stagers_done.arrive_and_wait()
             if st == 0:
                 red_add_release_gpu_u32(
                     bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
-        if iterations == 0:
-            epoch_read.arrive_and_wait()
 
     @cute.jit
     def _await_staged(self, bank, need, iterations, grid) -> Int32:
@@ -197,18 +186,14 @@ class StreamedA:
 
     @cute.jit
     def _producer_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                           prefix, desc_base, a16_base, header, total_tiles, bidx, grid,
+                           prefix, desc_base, a16_base, header, epoch, total_tiles, bidx, grid,
                            num_groups, lane) -> None:
-        """Warp 0 with stream_a: the epoch, the prologue (descriptor templates, first weight
-        stages), the epoch handed to the stagers, the tile loop with waits for staged A, and
-        CTA 0's upkeep of the header."""
-        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
+        """Warp 0 with stream_a: the prologue (descriptor templates, first weight stages), the
+        tile loop with waits for staged A, and CTA 0's upkeep of the header."""
         self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
                                 desc_base, a16_base, total_tiles, bidx, grid, num_groups)
         rows, per_iter, iterations = self._stream_plan(sizes, num_groups, grid)
         progress = (self._progress_bank(header, epoch), rows, per_iter, iterations)
-        pipeline.NamedBarrier(barrier_id=_EPOCH_READ,
-                              num_threads=STREAM_STAGERS + 32).arrive()
         self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
                            prefix, desc_base, a16_base, total_tiles, bidx, grid, progress)
         if bidx == 0:
