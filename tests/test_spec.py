@@ -251,6 +251,9 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # cover the table walk too.
     many = sets.pop("many_groups")
     assert len(many.groups) > LANE_GROUPS and many.archs == ("sm_90a",)
+    # And one Hopper-only set keeps the v2 kernel (A converted per tile) under them.
+    v2 = sets.pop("mixed_v2")
+    assert v2.archs == ("sm_90a",) and dict(v2.builds[0].options)["a_fp16"] is False
     # Sets in the style of the public tests: n and k differ between groups.
     style = [s for s in sets.values()
              if not s.dynamic_m and len({(g[1], g[2]) for g in s.groups}) > 1]
@@ -263,7 +266,7 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         assert s.archs == ("sm_90a", "sm_100a")
         assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
     items = expand(spec, fams)
-    assert len(items) == 3 * len(sets) + 1
+    assert len(items) == 3 * len(sets) + 2
     assert len({it.name for it in items}) == len(items)
 
 
