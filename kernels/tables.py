@@ -12,10 +12,13 @@ spells a column order itself.
   where the kernel patches its per-group TMA descriptors. Written by the kernel, so never shared
   by launches that can overlap. Optional keys (absent means 0):
   `header_bytes` at the start of the workspace, zeroed by the runtime when it allocates the
-  workspace and left zeroed by every launch, with the per-CTA slots after it. A kernel with a
-  header takes a `grid_barrier` table parameter and keeps its grid barrier there: the runtime
-  passes the header (eager launches) or a persistent zeroed copy (launches under graph
-  capture, whose workspace comes uninitialized from the graph's pool); `bytes_per_a_element`: after the per-CTA slots the workspace holds
+  workspace, with the per-CTA slots after it. Every launch leaves the header in a state the next
+  launch of a kernel with the same header size accepts (the grid barrier: zeroed again; the
+  stream_a progress header: its epoch advanced and the bank the next launch uses zeroed), and
+  the runtime never gives kernels of different header sizes one header. A kernel with a header
+  takes a `grid_barrier` table parameter and keeps its state there: the runtime passes the
+  header (eager launches) or a persistent zeroed copy (launches under graph capture, whose
+  workspace comes uninitialized from the graph's pool); `bytes_per_a_element`: after the per-CTA slots the workspace holds
   every group's A converted by the kernel, sum over groups of m * k elements of that size, each
   group's rows contiguous from the end of the previous group's.
 """

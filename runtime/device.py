@@ -369,8 +369,8 @@ class DeviceRuntime:
         the cached tables, whose upload events live outside it), and the workspace comes from
         the graph's pool (never the per-stream workspace, which a replay on another stream
         could overlap). A kernel's grid barrier (its workspace header) gets a zeroed copy of its
-        own beside the tables, which every launch leaves zeroed: the graph holds the kernel node
-        alone (each node costs every replay microseconds)."""
+        own beside the tables, which every launch leaves fit for the next (kernels/tables.py):
+        the graph holds the kernel node alone (each node costs every replay microseconds)."""
         if check_inputs is not None:
             check_inputs()
         plan = dp.plan

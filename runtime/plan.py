@@ -191,8 +191,9 @@ def _layout(entry: KernelEntry) -> _Layout:
     if header % TABLE_ALIGN:
         raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes "
                             f"must be a multiple of {TABLE_ALIGN}, but got {header}")
-    # The header is the grid barrier, which the kernel reads through its own parameter: a
-    # captured launch gives it a persistent zeroed copy, not the graph's workspace.
+    # The header is the kernel's cross-CTA state (a grid barrier or stream_a's progress
+    # counters), which it reads through its own parameter: a captured launch gives it a
+    # persistent zeroed copy, not the graph's workspace.
     barrier = any(p.kind == "table" and p.table == "grid_barrier" for p in entry.params)
     if bool(header) != barrier:
         raise ManifestError(
