@@ -34,6 +34,7 @@ first three):
   sa_nostore    sa_nowait, and the stagers store nothing (loads and conversion kept)
   sa_nofence    the stagers' proxy fence after each iteration dropped (the producer's kept)
   sa_nostage    no staging at all: the tile loop alone, as if A were staged for free
+  sa_storers_first  the consumers start after the stagers (a racecheck probe, correct results)
 
 mma2x and wait0 tell apart why conversion and MMA add up on dense_a (RESULTS.md, eighth
 session): if a warpgroup's conversion already waits for its own wgmma, wait0 costs nothing;
@@ -208,6 +209,22 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "sa_nofence": [(STREAMED, "            fence_proxy_async_global()\n            stagers_done",
                     "            stagers_done")],
+    # stream_a, the consumers start only when the stagers are done (named barrier 7), so the
+    # storers reach the C tile's first hand-over before the consumers, as without stream_a: a
+    # racecheck probe of the hand-over, not a speed variant.
+    "sa_storers_first": [
+        (STAGED, """                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
+""", """                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
+                cute.arch.barrier(barrier_id=7, number_of_threads=STORERS + self.consumer_threads)
+"""),
+        (STAGED, """                cute.arch.warpgroup_reg_alloc(split[1])
+            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,""",
+         """                cute.arch.warpgroup_reg_alloc(split[1])
+            cute.arch.barrier(barrier_id=7, number_of_threads=STORERS + self.consumer_threads)
+            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,"""),
+    ],
     "sa_nostage": [
         _SA_NOWAIT,
         (STREAMED, "        for it in cutlass.range(iterations, unroll=1):",
