@@ -239,12 +239,7 @@ class StagedA:
             count_l = sizes[own, tables.COL_M] * (k_l // A_CHUNK_K)
             if lane >= num_groups:
                 count_l = Int32(0)
-            end_l = count_l
-            for d in cutlass.range_constexpr(5):
-                below = cute.arch.shuffle_sync_up(end_l, 1 << d)
-                if lane >= (1 << d):
-                    end_l = end_l + below
-            total = cute.arch.shuffle_sync(end_l, 31)
+            end_l, total = self._lane_scan(count_l, lane)
             first_l = end_l - count_l
             found = cute.make_rmem_tensor(STAGE_UNROLL, Int32)
         else:
@@ -306,6 +301,18 @@ class StagedA:
                                tidx)
             c += STAGE_UNROLL * stride
         fence_proxy_async_global()
+
+    @cute.jit
+    def _lane_scan(self, count, lane) -> tuple:
+        """A warp's lanes each hold a count (lane g: group g's chunks or rows): returns this
+        lane's inclusive prefix sum (where its group's range ends) and the warp's total, by a
+        shuffle scan."""
+        end = count
+        for d in cutlass.range_constexpr(5):
+            below = cute.arch.shuffle_sync_up(end, 1 << d)
+            if lane >= (1 << d):
+                end = end + below
+        return end, cute.arch.shuffle_sync(end, 31)
 
     @cute.jit
     def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:

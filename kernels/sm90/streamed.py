@@ -70,12 +70,7 @@ class StreamedA:
         m_l = sizes[own, tables.COL_M]
         if lane >= num_groups:
             m_l = Int32(0)
-        end_l = m_l
-        for d in cutlass.range_constexpr(5):
-            below = cute.arch.shuffle_sync_up(end_l, 1 << d)
-            if lane >= (1 << d):
-                end_l = end_l + below
-        rows = cute.arch.shuffle_sync(end_l, 31)
+        end_l, rows = self._lane_scan(m_l, lane)
         first_l = end_l - m_l
         per_row = k // A_CHUNK_K
         total = rows * per_row
