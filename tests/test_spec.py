@@ -254,6 +254,9 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # And one Hopper-only set keeps the v2 kernel (A converted per tile) under them.
     v2 = sets.pop("mixed_v2")
     assert v2.archs == ("sm_90a",) and dict(v2.builds[0].options)["a_fp16"] is False
+    # And one Hopper-only stream_a set has more streaming iterations than progress counters.
+    long = sets.pop("stream_a_long")
+    assert long.archs == ("sm_90a",) and dict(long.builds[0].options)["stream_a"] is True
     # Sets in the style of the public tests: n and k differ between groups.
     style = [s for s in sets.values()
              if not s.dynamic_m and len({(g[1], g[2]) for g in s.groups}) > 1]
@@ -266,7 +269,7 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         assert s.archs == ("sm_90a", "sm_100a")
         assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
     items = expand(spec, fams)
-    assert len(items) == 3 * len(sets) + 2
+    assert len(items) == 3 * len(sets) + 3
     assert len({it.name for it in items}) == len(items)
 
 
