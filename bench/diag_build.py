@@ -207,8 +207,9 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
         (STREAMED, "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total,",
          "self._store_chunks(words, scales, dsts, lambda u: c + u * stride < 0,"),
     ],
-    "sa_nofence": [(STREAMED, "            fence_proxy_async_global()\n            stagers_done",
-                    "            stagers_done")],
+    "sa_nofence": [(STREAMED,
+                    "            fence_proxy_async_global()\n            cute.arch.sync_warp()",
+                    "            cute.arch.sync_warp()")],
     # stream_a, the consumers start only when the stagers are done (named barrier 7), so the
     # storers reach the C tile's first hand-over before the consumers, as without stream_a: a
     # racecheck probe of the hand-over, not a speed variant.

@@ -32,8 +32,9 @@ def test_unknown_variant_and_moved_code_are_errors() -> None:
     assert str(info.value) == ("variant must be one of ['bare', 'compute_only', 'empty', 'half_a', "
                                "'mma2x', 'noconv', 'nohmul', 'nolds', 'nomma', 'nostore', "
                                "'phase1_only', 'sa_nofence', 'sa_nostage', 'sa_nostore', "
-                               "'sa_nowait', 'sa_storers_first', 'stage_nofence', 'stage_nostore', 'stage_only', "
-                               "'sync_only', 'wait0'], but got 'fast'")
+                               "'sa_nowait', 'sa_storers_first', 'stage_nofence', "
+                               "'stage_nostore', 'stage_only', 'sync_only', 'wait0'], but got "
+                               "'fast'")
     moved = dict(SOURCES, **{"weights.py": SOURCES["weights.py"].replace(
         "d_lo = dequant_word_w(lo, both, 0)", "d_lo = dequant_word_w(lo, both, 0) ")})
     with pytest.raises(ValueError, match=r"^noconv edit 0 matches 0 places in "

@@ -33,7 +33,10 @@ from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEP
 # Two at tile_m 256 (a 128-register accumulator; 384 threads, 168 each at launch):
 # 128 * 56 + 256 * 224 = 64512.
 REGISTER_SPLITS = {3: (56, 152), 2: (56, 224)}
-for _wgs, (_producer, _consumer) in REGISTER_SPLITS.items():
+# With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
+# for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
+STREAM_A_SPLIT = (64, 144)
+for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT)):
     assert register_split_fits(_wgs, _producer, _consumer), (_wgs, _producer, _consumer)
 # The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
 # the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
@@ -187,6 +190,8 @@ class StagedA:
         to keep the launch's even split: two consumer warpgroups need more only at tile_m 256."""
         warpgroups = self.consumer_threads // WARPGROUP
         if warpgroups == 3 or (warpgroups == 2 and self.tile_m == 256):
+            if warpgroups == 3 and self.config.stream_a:
+                return STREAM_A_SPLIT
             return REGISTER_SPLITS[warpgroups]
         return None
 

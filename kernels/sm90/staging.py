@@ -65,7 +65,8 @@ def pair_store_offset(i: int, p: Any) -> Any:
 # area holds them), so the first stages of all tiles are staged first. It needs one k for all
 # groups (kernels/sm90/config.py, check_groups).
 SLAB_CHUNKS = 256 // A_CHUNK_K  # chunks of one row in one weight stage (config.K_TILE)
-STREAM_STAGERS = 3 * 32  # warps 1..3
+STREAM_WARPS = 3  # warps 1..3 stage; each counts its own iterations
+STREAM_STAGERS = STREAM_WARPS * 32
 STREAM_UNROLL = 2  # chunks a stager has in flight (they run at the producer warpgroup's registers)
 
 
@@ -86,9 +87,10 @@ def chunks_before(kt: Any, row_end: Any, rows: Any) -> Any:
 
 # The progress header (the kernel's grid_barrier parameter, zeroed by the runtime once): two
 # banks of PROGRESS_SLOTS counters and an epoch word. A launch uses bank epoch % 2: after a
-# streaming iteration, each CTA adds 1 to its slot (iterations past the last slot share it). CTA 0
-# zeroes the other bank and advances the epoch once every iteration is counted, which is after
-# every CTA has read the epoch; the next launch (stream-ordered) then finds its bank zeroed.
+# streaming iteration, each stager warp of each CTA adds 1 to its slot (iterations past the last
+# slot share it), so a slot is complete at grid * STREAM_WARPS. CTA 0 zeroes the other bank and
+# advances the epoch once every iteration is counted, which is after every CTA has read the
+# epoch; the next launch (stream-ordered) then finds its bank zeroed.
 PROGRESS_SLOTS = 32
 PROGRESS_BANK_BYTES = PROGRESS_SLOTS * 4
 EPOCH_OFFSET = 2 * PROGRESS_BANK_BYTES
@@ -100,10 +102,10 @@ def progress_slot(iteration: Any) -> Any:
     return min(iteration, PROGRESS_SLOTS - 1)
 
 
-def progress_target(iteration: Any, iterations: Any, grid: Any) -> tuple[Any, Any]:
-    """(value of progress_slot(iteration) once `iteration` is staged by all `grid` CTAs, and how
-    many iterations are then known staged). The last slot is shared, so it proves only that all
-    `iterations` are."""
+def progress_target(iteration: Any, iterations: Any, counters: Any) -> tuple[Any, Any]:
+    """(value of progress_slot(iteration) once `iteration` is counted by all `counters` counting
+    warps (grid * STREAM_WARPS), and how many iterations are then known staged). The last slot
+    is shared, so it proves only that all `iterations` are."""
     if iteration < PROGRESS_SLOTS - 1:
-        return grid, iteration + 1
-    return grid * (iterations - (PROGRESS_SLOTS - 1)), iterations
+        return counters, iteration + 1
+    return counters * (iterations - (PROGRESS_SLOTS - 1)), iterations

@@ -8,9 +8,13 @@ the progress header (staging.py), and the producer, before loading stage kt of a
 waits until the iterations holding those chunks are counted by every CTA. Warps 1..3 then go
 on to store C tiles (async_epilogue) as before.
 
-Memory order, as the grid barrier had it: stagers' generic stores, fence.proxy.async, a CTA
-barrier among the stagers, then one release add; the producer's acquire load, then
-fence.proxy.async, then the TMA loads (async proxy) of the fp16 A.
+Memory order, as the grid barrier had it: a stager warp's generic stores, fence.proxy.async, a
+warp barrier, then its lane 0's release add; the producer's acquire load, then
+fence.proxy.async, then the TMA loads (async proxy) of the fp16 A. Each warp counts its own
+iterations: the stagers never wait for each other, and they use no named barrier (with one
+among them, compute-sanitizer's racecheck reported hazards on the C tile these warps later hand
+over, bench/RESULTS.md, ninth session). They run at the producer warpgroup's registers, 64 with
+stream_a (staged.py, STREAM_A_SPLIT).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
@@ -28,11 +31,9 @@ from .config import K_TILE
 from .ptx import (fence_proxy_async_global, ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4,
                   nanosleep, red_add_release_gpu_u32, st_relaxed_gpu_u32)
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
-                      STREAM_STAGERS, STREAM_UNROLL, chunk_addresses, chunks_before, slab_chunk)
+                      STREAM_STAGERS, STREAM_UNROLL, STREAM_WARPS, chunk_addresses, chunks_before,
+                      slab_chunk)
 
-# Named barrier of the stagers after each iteration (0 is the CTA's; 1..4 are taken, staged.py
-# and per_tile.py).
-_STAGERS_DONE = 5
 
 
 class StreamedA:
@@ -58,8 +59,8 @@ class StreamedA:
     def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, bank, st, bidx,
                         grid) -> None:
         """Warps 1..3 (`st` 0..95): stage every group's A in K-slab order, STREAM_UNROLL chunks
-        per thread per iteration (a grid-stride loop over the call's chunks), counting each
-        iteration in `bank` of the progress header once the CTA's stagers have written it."""
+        per thread per iteration (a grid-stride loop over the call's chunks); each warp counts
+        each iteration in `bank` of the progress header once its lanes have written it."""
         lane = st % 32
         # Lane g holds group g (staged.py's _stage_chunks, with rows instead of chunks): its
         # rows [first_l, end_l) among all groups' rows, its A and scale pointers.
@@ -79,8 +80,6 @@ class StreamedA:
         iterations = (total + per_iter - 1) // per_iter
         found = cute.make_rmem_tensor(STREAM_UNROLL, Int32)
         odd = Uint32(0) - Uint32(st % 2)  # pair stores: the odd lane of a pair
-        stagers_done = pipeline.NamedBarrier(barrier_id=_STAGERS_DONE,
-                                             num_threads=STREAM_STAGERS)
         for it in cutlass.range(iterations, unroll=1):
             c = it * per_iter + bidx * STREAM_STAGERS + st
             # Past the end: the last chunk again (valid memory), stored by nobody.
@@ -107,8 +106,8 @@ class StreamedA:
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
             fence_proxy_async_global()
-            stagers_done.arrive_and_wait()
-            if st == 0:
+            cute.arch.sync_warp()
+            if cute.arch.lane_idx() == 0:
                 red_add_release_gpu_u32(
                     bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
 
@@ -133,10 +132,11 @@ class StreamedA:
 
     @cute.jit
     def _slot_target(self, it, iterations, grid) -> Uint32:
-        """staging.progress_target's count for iteration `it` (slots past the last are shared)."""
-        target = Uint32(grid)
+        """staging.progress_target's count for iteration `it`: every stager warp of the grid
+        (slots past the last are shared)."""
+        target = Uint32(grid * STREAM_WARPS)
         if it >= PROGRESS_SLOTS - 1:
-            target = Uint32(grid * (iterations - (PROGRESS_SLOTS - 1)))
+            target = Uint32(grid * STREAM_WARPS * (iterations - (PROGRESS_SLOTS - 1)))
         return target
 
     @cute.jit
