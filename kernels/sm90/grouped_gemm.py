@@ -47,7 +47,8 @@ versions share (tables, tile walk, descriptor patching, epilogue) and compile_ke
 are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
 streamed.py (v3's stream_a: staging overlapped with the tiles), stream_k_roles.py (v3's
 stream-K producer and consumers), per_tile.py (v2) and weights.py (weights into wgmma
-registers, both versions); structure.py has the layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
+registers, both versions); structure.py has the layout constants they share. Bit tricks live
+in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
 
 from __future__ import annotations

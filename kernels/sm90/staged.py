@@ -474,14 +474,10 @@ class StagedA:
             else:
                 desc_set, prev_group = self._patch_on_group_change(
                     atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-            if cutlass.const_expr(progress is None):
-                b_state, a_state = self._produce_piece(
-                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                    prefix, m, 0, pre, k // K_TILE)
-            else:
-                b_state, a_state, ready = self._produce_piece(
-                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                    prefix, m, 0, pre, k // K_TILE, (progress, ready, sizes, grid))
+            b_state, a_state, ready = self._produce_piece(
+                ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                prefix, m, 0, pre, k // K_TILE,
+                None if progress is None else (progress, ready, sizes, grid))
             pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
@@ -506,9 +502,9 @@ class StagedA:
         """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
         tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
         weights are already loaded (the prologue's first tile), so only their A goes. Returns
-        the advanced pipeline states (the caller rebinds them, as _produce_b's). With stream_a,
-        `streamed` is (progress, ready, sizes, grid) and each stage's A waits until it is
-        staged (streamed.py); `ready` is returned too."""
+        the advanced pipeline states and `ready` (the caller rebinds them, as _produce_b's).
+        With stream_a, `streamed` is (progress, ready, sizes, grid) and each stage's A waits
+        until it is staged (streamed.py); without it `ready` stays 0."""
         tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
         d_b = self._desc(ws, bidx, desc_set, OP_B)
         d_a = self._desc(ws, bidx, desc_set, OP_A)
@@ -529,9 +525,7 @@ class StagedA:
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
-        if cutlass.const_expr(streamed is not None):
-            return b_state, a_state, ready
-        return b_state, a_state
+        return b_state, a_state, ready
 
     @cute.jit
     def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import SCALE_ATOM_BYTES, SUB_K
+from .config import K_TILE, SCALE_ATOM_BYTES, SUB_K
 
 A_CHUNK_K = 32  # K elements per staging chunk: 16 packed bytes in, 64 fp16 bytes out
 
@@ -64,7 +64,7 @@ def pair_store_offset(i: int, p: Any) -> Any:
 # elements, SLAB_CHUNKS chunks) of every row of every group (rows back to back, as the fp16
 # area holds them), so the first stages of all tiles are staged first. It needs one k for all
 # groups (kernels/sm90/config.py, check_groups).
-SLAB_CHUNKS = 256 // A_CHUNK_K  # chunks of one row in one weight stage (config.K_TILE)
+SLAB_CHUNKS = K_TILE // A_CHUNK_K  # chunks of one row in one weight stage
 STREAM_WARPS = 3  # warps 1..3 stage; each counts its own iterations
 STREAM_STAGERS = STREAM_WARPS * 32
 STREAM_UNROLL = 2  # chunks a stager has in flight (they run at the producer warpgroup's registers)

@@ -124,7 +124,7 @@ class StreamK:
             ke = cutlass.min(ke, k // K_TILE)
             desc_set, prev_group = self._patch_on_group_change(
                 atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-            b_state, a_state = self._produce_piece(
+            b_state, a_state, _ = self._produce_piece(
                 ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
                 prefix, m, kb, pre, ke)
             pre = Int32(0)

@@ -19,21 +19,17 @@ stream_a (staged.py, STREAM_A_SPLIT).
 
 from __future__ import annotations
 
-from typing import Any
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
 
-from .config import K_TILE
 from .ptx import (fence_proxy_async_global, ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4,
                   nanosleep, red_add_release_gpu_u32, st_relaxed_gpu_u32)
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
                       STREAM_STAGERS, STREAM_UNROLL, STREAM_WARPS, chunk_addresses, chunks_before,
                       slab_chunk)
-
 
 
 class StreamedA:
@@ -45,15 +41,19 @@ class StreamedA:
         return header + Int64(epoch & Uint32(1)) * Int64(PROGRESS_BANK_BYTES)
 
     @cute.jit
-    def _stream_plan(self, sizes, num_groups, grid) -> tuple:
-        """(rows of all groups, chunks per iteration, iterations) of this call's streaming;
-        the same on every thread that asks."""
-        rows = Int32(0)
-        for g in cutlass.range(num_groups, unroll=1):
-            rows += sizes[g, tables.COL_M]
+    def _stream_iterations(self, rows, k, grid) -> tuple:
+        """(chunks per iteration, iterations) of streaming `rows` rows of k: the stagers'
+        loop and the producer's waits must agree on both."""
         per_iter = STREAM_UNROLL * grid * STREAM_STAGERS
-        total = rows * (sizes[0, tables.COL_K] // A_CHUNK_K)
-        return rows, per_iter, (total + per_iter - 1) // per_iter
+        return per_iter, (rows * (k // A_CHUNK_K) + per_iter - 1) // per_iter
+
+    @cute.jit
+    def _rows_before(self, sizes, group) -> Int32:
+        """A rows of the groups before `group`, which the fp16 area holds back to back."""
+        rows = Int32(0)
+        for g in cutlass.range(group, unroll=1):
+            rows += sizes[g, tables.COL_M]
+        return rows
 
     @cute.jit
     def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, bank, st, bidx,
@@ -76,8 +76,7 @@ class StreamedA:
         per_row = k // A_CHUNK_K
         total = rows * per_row
         stride = grid * STREAM_STAGERS
-        per_iter = STREAM_UNROLL * stride
-        iterations = (total + per_iter - 1) // per_iter
+        per_iter, iterations = self._stream_iterations(rows, k, grid)
         found = cute.make_rmem_tensor(STREAM_UNROLL, Int32)
         odd = Uint32(0) - Uint32(st % 2)  # pair stores: the odd lane of a pair
         for it in cutlass.range(iterations, unroll=1):
@@ -150,10 +149,7 @@ class StreamedA:
     @cute.jit
     def _row_end(self, sizes, group, row_a, m) -> Int32:
         """One past the last A row (among all groups' rows) of the tile at row_a of `group`."""
-        first = Int32(0)
-        for g in cutlass.range(group, unroll=1):
-            first += sizes[g, tables.COL_M]
-        return first + cutlass.min(row_a + self.tile_m, m)
+        return self._rows_before(sizes, group) + cutlass.min(row_a + self.tile_m, m)
 
     @cute.jit
     def _wait_stage_a(self, progress, ready, row_end, kt, grid) -> Int32:
@@ -171,7 +167,7 @@ class StreamedA:
         """CTA 0's producer warp, after its last load: once every iteration is counted (so every
         CTA has read the epoch), zero the other bank for the next launch and advance the
         epoch."""
-        bank, rows, per_iter, iterations = progress
+        bank, _, _, iterations = progress
         if iterations > 0:
             self._await_staged(bank, iterations - 1, iterations, grid)
         other = self._progress_bank(header, epoch + Uint32(1))
@@ -187,7 +183,8 @@ class StreamedA:
         tile loop with waits for staged A, and CTA 0's upkeep of the header."""
         self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
                                 desc_base, a16_base, total_tiles, bidx, grid, num_groups)
-        rows, per_iter, iterations = self._stream_plan(sizes, num_groups, grid)
+        rows = self._rows_before(sizes, num_groups)
+        per_iter, iterations = self._stream_iterations(rows, sizes[0, tables.COL_K], grid)
         progress = (self._progress_bank(header, epoch), rows, per_iter, iterations)
         self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
                            prefix, desc_base, a16_base, total_tiles, bidx, grid, progress)
@@ -196,4 +193,3 @@ class StreamedA:
 
 
 assert PROGRESS_SLOTS == 32, "_finish_progress zeroes one slot per lane"
-assert K_TILE == 256, "staging.SLAB_CHUNKS assumes 256-K weight stages"
