@@ -266,15 +266,7 @@ class StagedA:
             # Past the end: load the last chunk again (valid memory), store nothing.
             cus = [cutlass.min(c + u * stride, total - 1) for u in range(STAGE_UNROLL)]
             if cutlass.const_expr(lanes):
-                # A chunk's group is the number of groups that end at or before it (groups of
-                # m = 0 end where the previous one does, so they are skipped): one shuffle per
-                # group for all of the iteration's chunks. (end - 1 - cu) >> 31 is -1 exactly
-                # when cu >= end.
-                found.fill(0)
-                for j in cutlass.range(num_groups - 1, unroll=1):
-                    end_j = cute.arch.shuffle_sync(end_l, j)
-                    for u in cutlass.range_constexpr(STAGE_UNROLL):
-                        found[u] = found[u] - ((end_j - 1 - cus[u]) >> 31)
+                self._lane_groups(found, end_l, num_groups, cus)  # each chunk's group
             dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 cu = cus[u]
@@ -318,6 +310,18 @@ class StagedA:
             if lane >= (1 << d):
                 end = end + below
         return end, cute.arch.shuffle_sync(end, 31)
+
+    @cute.jit
+    def _lane_groups(self, found, end_l, num_groups, keys) -> None:
+        """found[u] = the group holding position keys[u], from each lane's range end end_l
+        (_lane_scan): the number of groups that end at or before it, so groups of m = 0 are
+        skipped. One shuffle per group for all keys; (end - 1 - key) >> 31 is -1 exactly when
+        key >= end."""
+        found.fill(0)
+        for j in cutlass.range(num_groups - 1, unroll=1):
+            end_j = cute.arch.shuffle_sync(end_l, j)
+            for u in cutlass.range_constexpr(len(keys)):
+                found[u] = found[u] - ((end_j - 1 - keys[u]) >> 31)
 
     @cute.jit
     def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:

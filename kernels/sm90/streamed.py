@@ -84,11 +84,7 @@ class StreamedA:
             # Past the end: the last chunk again (valid memory), stored by nobody.
             cus = [cutlass.min(c + u * stride, total - 1) for u in range(STREAM_UNROLL)]
             places = [slab_chunk(cu, rows) for cu in cus]  # (kt, row, kc)
-            found.fill(0)
-            for j in cutlass.range(num_groups - 1, unroll=1):
-                end_j = cute.arch.shuffle_sync(end_l, j)
-                for u in cutlass.range_constexpr(STREAM_UNROLL):
-                    found[u] = found[u] - ((end_j - 1 - places[u][1]) >> 31)
+            self._lane_groups(found, end_l, num_groups, [p[1] for p in places])  # rows' groups
             dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STREAM_UNROLL):
                 _, row, kc = places[u]
