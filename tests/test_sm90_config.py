@@ -75,6 +75,16 @@ def test_tile_m_256_fits_with_three_a_slots() -> None:
         f"async_epilogue off (its C tile takes 69632 bytes)"]
 
 
+def test_tile_m_112_fits_with_five_a_slots() -> None:
+    """moe_down's kernel: 112 rows x 64 K of fp16 A per slot (14 KiB, so every slot stays
+    1024-aligned for the 128-byte swizzle), and a 112-row C tile."""
+    c = Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True, stream_a=True)
+    assert check(c) == []
+    assert c_tile_bytes(c) == 112 * (192 + C_ROW_PAD) * 2 == 44800
+    assert smem_bytes(c) == 1024 + 3 * (192 * 128 + 2 * 2048) + 5 * 14336 + 45056 == 203776
+    assert (112 * 64 * 2) % 1024 == 0
+
+
 # The refusal of each option that only the staged-A (a_fp16) data-parallel kernel has.
 PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true and stream_k: false (only the default "
                      "staged-A producer looks ahead)")
@@ -91,7 +101,11 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true and stream_k: false (only the def
     ({"tile_m": 256, "a_fp16": False},
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
      "accumulator), but got a_fp16 False and tile_n 128"),
-    ({"tile_m": 96}, "tile_m must be one of [64, 128, 256], but got 96"),
+    ({"tile_m": 104}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 104"),
+    ({"tile_m": 32}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 32"),
+    ({"tile_m": 112, "a_fp16": False},
+     "tile_m 112 needs a_fp16: true (a v2 tile reads its A scales from one 128-row block, "
+     "which this tile_m does not divide)"),
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
     ({"patch_ahead": True, "a_fp16": False},
      PATCH_AHEAD_NEEDS),

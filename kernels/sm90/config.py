@@ -14,10 +14,16 @@ SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64
 N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
 ACC_STAGES = (1,)
-# Output rows (tokens) per CTA tile. 256 (a_fp16, tile_n 128 only: its 128-register accumulator
-# needs two consumer warpgroups' share of the register file) converts each weight tile once for
-# up to 256 tokens.
-TILE_MS = (64, 128, 256)
+# Output rows (tokens) per CTA tile = the wgmma N. 256 (a_fp16, tile_n 128 only: its 128-register
+# accumulator needs two consumer warpgroups' share of the register file) converts each weight
+# tile once for up to 256 tokens. 80, 96 and 112 (a_fp16 only) fit a set's m with fewer padded
+# MMA rows: moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664,
+# 86.0 -> 78.8 us (bench/RESULTS.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
+# aborts the process compiling 88, 104 or 120.
+TILE_MS = (64, 80, 96, 112, 128, 256)
+# tile_m values that do not divide 128: a v2 tile (a_fp16 false) reads its A scales from one
+# 128-row block, which such a tile can cross.
+TILE_MS_STAGED_ONLY = (80, 96, 112)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
 # warpgroups, a_fp16 only) runs 1.5x the converting warps at once, each still converting 64 rows
 # for its own m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
@@ -147,6 +153,9 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_m 256 needs a_fp16: true and tile_n 128 (two consumer "
                        f"warpgroups hold its accumulator), but got a_fp16 {config.a_fp16!r} "
                        f"and tile_n {config.tile_n!r}")
+    if config.tile_m in TILE_MS_STAGED_ONLY and config.a_fp16 is False:
+        reasons.append(f"tile_m {config.tile_m} needs a_fp16: true (a v2 tile reads its A "
+                       "scales from one 128-row block, which this tile_m does not divide)")
     if config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False:
         reasons.append(f"tile_n {config.tile_n} needs a_fp16: true (only the staged-A kernel "
                        "has more than two consumer warpgroups)")

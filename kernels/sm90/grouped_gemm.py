@@ -32,7 +32,8 @@ small problems, where phase 1 and the barrier cost more than the conversions the
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
 the wgmma M dimension walks B's rows (tile_n per CTA tile, 64 per warpgroup) and the wgmma N
-dimension walks A's rows (`tile_m`, 64, 128 or 256), so a small m wastes at most tile_m - 1 rows.
+dimension walks A's rows (`tile_m`: 64 to 128 in steps of 16, or 256), so a small m wastes at most
+tile_m - 1 rows.
 
 Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatenated per-group tile
 lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
