@@ -46,6 +46,13 @@ SETS = {
     "bench_large": [(1024, 4096, 7168)] * 8,
 }
 BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
+# Diagnostic twins, timed only when named in --sets (bench/tile_start_ab.yaml builds them):
+# moe_down's groups and FLOPs as one 128-step tile per CTA instead of four of 32 steps, so that
+# the difference is what a tile start costs (bench/RESULTS.md, 2026-11-30, tenth session).
+DIAG_SETS = {
+    "moe_down_one_tile": [(m, 1792, 8192) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
+}
+ALL_SETS = {**SETS, **DIAG_SETS}
 L2_BYTES = 50 * 2**20
 # GPU spin before every HOLD_BLOCK timed iterations: ~100 us per replay to enqueue, at ~2 GHz.
 HOLD_BLOCK, HOLD_CYCLES_PER_REPLAY = 16, 200_000
@@ -222,7 +229,7 @@ def compare(dirs: list[str], sets: list[str], reps: int, json_path: str | None) 
     rows = []
     for name in sets:
         try:
-            rows.append(compare_set(ggs, name, SETS[name], reps))
+            rows.append(compare_set(ggs, name, ALL_SETS[name], reps))
         except runtime.NoKernelError as exc:
             print(f"  {name}: skipped, a directory has no kernel for it "
                   f"({str(exc).splitlines()[0]})")
@@ -241,7 +248,8 @@ def compare(dirs: list[str], sets: list[str], reps: int, json_path: str | None) 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default=str(ROOT / "artifacts"))
-    ap.add_argument("--sets", nargs="*", default=list(SETS))
+    ap.add_argument("--sets", nargs="*", default=list(SETS),
+                    choices=list(ALL_SETS), metavar="SET")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--json", help="write all numbers here")
     ap.add_argument("--no-baselines", action="store_true", help="time only this project's kernel")
@@ -260,7 +268,7 @@ def main() -> int:
     rows = []
     for name in args.sets:
         try:
-            rows.append(bench_set(gg, name, SETS[name], args.reps, ceilings,
+            rows.append(bench_set(gg, name, ALL_SETS[name], args.reps, ceilings,
                                   not args.no_baselines))
         except runtime.NoKernelError as exc:
             print(f"  {name}: skipped, no kernel built ({str(exc).splitlines()[0]})")
