@@ -66,6 +66,10 @@ class Config:
     # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
     # and at most LANE_GROUPS groups (check_groups).
     stream_a: bool = False
+    # Diagnostics only (never in shapes.yaml): with a_fp16 and without stream_k, the producer and
+    # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
+    # workspace per CTA, which bench/trace_run.py reads back. The default cubins are unchanged.
+    trace: bool = False
 
 
 def launch_registers(threads: int) -> int:
@@ -87,6 +91,23 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
 FP16_BUFFERS, SUB_K = 3, 64
+
+# Config.trace's record per CTA: 8-byte clock stamps at fixed places (bench/trace_run.py).
+# Tiles past TRACE_TILES are not recorded; stages past TRACE_STAGES share the last slot.
+TRACE_TILES, TRACE_STAGES = 4, 32
+# Per 64-K step of the first consumer warpgroup: weights ready, A slot ready, wgmma issued,
+# the previous step's wgmma retired.
+TRACE_STEP_EVENTS = 4
+# Per weight stage of the producer: weight slot free, weights issued, then each A slot free
+# and issued (K_TILE // SUB_K of them).
+TRACE_STAGE_EVENTS = 2 + K_TILE // SUB_K
+# Per tile (consumers): tile start, K loop retired, C tile free, C tile handed over; then one
+# record for the CTA: its start (thread 0).
+TRACE_TILE_EVENTS = 4
+TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
+TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
+TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + 16) * 8
+TRACE_BYTES = TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + TRACE_TILE_BYTES
 
 
 C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
@@ -186,6 +207,11 @@ def check(config: Config) -> list[str]:
     elif config.stream_a and (config.a_fp16 is False or config.stream_k is True):
         reasons.append("stream_a needs a_fp16: true and stream_k: false (only the default "
                        "staged-A producer waits for streamed A)")
+    if not isinstance(config.trace, bool):
+        reasons.append(f"trace must be true or false, but got {config.trace!r}")
+    elif config.trace and (config.a_fp16 is False or config.stream_k is True):
+        reasons.append("trace needs a_fp16: true and stream_k: false (its record sits where "
+                       "stream-K's partial slots would)")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

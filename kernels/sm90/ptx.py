@@ -215,6 +215,15 @@ def st_relaxed_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None
 
 
 @dsl_user_op
+def stamp_clock(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """Store this SM's %clock64 at a global address when `pred` is non-zero (Config.trace).
+    Predicated inside the asm, so a caller in the K loop adds no branch next to its wgmma."""
+    _asm("{\n.reg .pred p;\n.reg .u64 t;\nsetp.ne.u32 p, $1, 0;\nmov.u64 t, %clock64;\n"
+         "@p st.global.u64 [$0], t;\n}", "l,r", [_i64(addr, loc, ip), _ir(pred, loc, ip)],
+         loc, ip)
+
+
+@dsl_user_op
 def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
     _asm("red.release.gpu.global.add.u32 [$0], $1;", "l,r",
          [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)

@@ -17,12 +17,15 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
+from .config import (C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,
+                     TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES,
+                     TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES, register_split_fits)
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep, prefetch_tensormap,
-                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
+                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32,
+                  stamp_clock)
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PAIR_SEND, PAIR_STORES, chunk_addresses,
                       pair_store_offset)
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
@@ -86,6 +89,13 @@ class StagedA:
             if tidx == 0:  # ordered before every CTA's wait by the grid barrier below
                 st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
+        if cutlass.const_expr(self.config.trace):
+            # Config.trace: this CTA's record, between the descriptors and A (as stream-K's).
+            # Kept as its parts (a kernel parameter, the CTA index and the grid): a 64-bit
+            # address held across the roles spilled.
+            self._trace_parts = (workspace, bidx, grid)
+            a16_base = a16_base + grid * TRACE_BYTES
+            self._stamp_tile(Int32(TRACE_TILES), 0, Int32(tidx == 0))  # the CTA's start
         desc_base = ws_base + self.header_bytes
         if cutlass.const_expr(self.config.stream_a):
             self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
@@ -362,6 +372,37 @@ class StagedA:
                 nanosleep(64)
                 now = ld_acquire_gpu_u32(generation)
 
+    # Config.trace (bench/trace_run.py): clock stamps at fixed places of the CTA's record.
+    def _trace_at(self, offset) -> Int64:
+        """Global address of byte `offset` of this CTA's record."""
+        workspace, bidx, grid = self._trace_parts
+        desc = self.desc_sets * tma.MAPS_PER_SET * tma.TENSORMAP_BYTES
+        return (workspace.toint() + Int64(self.header_bytes) + Int64(grid * desc)
+                + Int64(bidx * TRACE_BYTES + offset))
+
+    def _trace_tile(self, tile, bidx, grid, recorder) -> tuple:
+        """(record index of this CTA's tile, whether this thread records it): tiles past
+        TRACE_TILES share the last index and are not recorded."""
+        local = (tile - bidx) // grid
+        return (cutlass.min(local, Int32(TRACE_TILES - 1)),
+                Int32(recorder) & Int32(local < TRACE_TILES))
+
+    def _stamp_step(self, trace, kt, s: int, event: int) -> None:
+        index, rec = trace
+        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
+        slot = ((index * TRACE_STAGES + kt) * SUB_STEPS + s) * TRACE_STEP_EVENTS + event
+        stamp_clock(self._trace_at(slot * 8), rec)
+
+    def _stamp_stage(self, trace, kt, event: int) -> None:
+        index, rec = trace
+        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
+        slot = (index * TRACE_STAGES + kt) * TRACE_STAGE_EVENTS + event
+        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + slot * 8), rec)
+
+    def _stamp_tile(self, index, event: int, rec) -> None:
+        slot = index * TRACE_TILE_EVENTS + event
+        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8), rec)
+
     @cute.jit
     def _a16_offset(self, sizes, group) -> Int64:
         """Byte offset of group `group`'s fp16 A in the staging area."""
@@ -410,11 +451,13 @@ class StagedA:
                                           tile_n_idx * self.tile_n)
 
     @cute.jit
-    def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b) -> Any:
+    def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace=None) -> Any:
         """One weight stage (packed rows and their scales) into the next b_pipe slot; returns
         the advanced state (the caller rebinds it: the DSL threads loop-carried state through
         plain local variables, not through attributes a helper changes)."""
         b_pipe.producer_acquire(b_state)
+        if cutlass.const_expr(trace is not None):
+            self._stamp_stage(trace, kt, 0)
         bar = b_pipe.producer_get_barrier(b_state)
         stage = b_state.index
         tma.tma_load(d_b, storage.packed_b.data_ptr() + stage * (self.tile_n * PACKED_ROW_BYTES),
@@ -422,16 +465,20 @@ class StagedA:
         tma.tma_load(d_sfb, storage.scale_b.data_ptr() + stage * self.sfb_stage_bytes,
                      bar, (0, kt * SCALE_BOX[1], row_b // 128))
         b_pipe.producer_commit(b_state)
+        if cutlass.const_expr(trace is not None):
+            self._stamp_stage(trace, kt, 1)
         b_state.advance()
         return b_state
 
     @cute.jit
-    def _produce_a(self, a_pipe, a_state, d_a, storage, kt, row_a) -> Any:
+    def _produce_a(self, a_pipe, a_state, d_a, storage, kt, row_a, trace=None) -> Any:
         """The fp16 A tiles of one stage's K (SUB_STEPS slots of the A ring); returns the
         advanced state, as _produce_b."""
         a16 = storage.a16.data_ptr()
         for s in cutlass.range_constexpr(SUB_STEPS):
             a_pipe.producer_acquire(a_state)
+            if cutlass.const_expr(trace is not None):
+                self._stamp_stage(trace, kt, 2 + s)
             tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
                          a_pipe.producer_get_barrier(a_state), (kt * K_TILE + s * SUB_K, row_a))
             a_pipe.producer_commit(a_state)
@@ -478,10 +525,13 @@ class StagedA:
             else:
                 desc_set, prev_group = self._patch_on_group_change(
                     atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
+            trace = None
+            if cutlass.const_expr(self.config.trace):
+                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
             b_state, a_state, ready = self._produce_piece(
                 ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
                 prefix, m, 0, pre, k // K_TILE,
-                None if progress is None else (progress, ready, sizes, grid))
+                None if progress is None else (progress, ready, sizes, grid), trace)
             pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
@@ -502,7 +552,7 @@ class StagedA:
 
     @cute.jit
     def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
-                       tile, group, prefix, m, kb, pre, ke, streamed=None) -> tuple:
+                       tile, group, prefix, m, kb, pre, ke, streamed=None, trace=None) -> tuple:
         """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
         tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
         weights are already loaded (the prologue's first tile), so only their A goes. Returns
@@ -523,12 +573,12 @@ class StagedA:
         for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         for kt in cutlass.range(kb + pre, ke, unroll=1):
-            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b)
+            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace)
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         return b_state, a_state, ready
 
     @cute.jit
@@ -578,19 +628,23 @@ class StagedA:
                 pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
 
     @cute.jit
-    def _hand_over_tile(self, acc, coords, storage) -> None:
+    def _hand_over_tile(self, acc, coords, storage, trace=None) -> None:
         """async_epilogue, consumers: wait until the storers have copied out the previous
         tile, write this one (fp16, unscaled) into the shared C tile, and signal it full; the
         storers copy it out while the next tile's steps run."""
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
+        if cutlass.const_expr(trace is not None):
+            self._stamp_tile(trace[0], 2, trace[1])
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
             c_tile[a_row, b_row] = Float16(acc[i] * Float32(ACC_UNSCALE))
         # A full barrier rather than an arrive: the storers are already waiting here, and
         # compute-sanitizer's racecheck orders shared memory only through full barriers.
         c_full.arrive_and_wait()
+        if cutlass.const_expr(trace is not None):
+            self._stamp_tile(trace[0], 3, trace[1])
 
     @cute.jit
     def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
@@ -640,11 +694,17 @@ class StagedA:
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
             scale_row0 = (tile_n_idx * self.tile_n) % 128
+            trace = None
+            if cutlass.const_expr(self.config.trace):
+                trace = self._trace_tile(tile, bidx, grid, ct == 0)
+                self._stamp_tile(trace[0], 0, trace[1])
             b_state, a_state, prev_slot = self._k_loop(
                 tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
-                a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct)
+                a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct, trace)
+            if cutlass.const_expr(self.config.trace):
+                self._stamp_tile(trace[0], 1, trace[1])
             if cutlass.const_expr(self.config.async_epilogue):
-                self._hand_over_tile(acc, coords, storage)
+                self._hand_over_tile(acc, coords, storage, trace)
             else:
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                                  tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
@@ -652,7 +712,8 @@ class StagedA:
 
     @cute.jit
     def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct) -> tuple:
+                b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct,
+                trace=None) -> tuple:
         """Weight stages kb..ke-1 of one tile into acc, zeroed first (the data-parallel
         consumer runs a whole tile, stream-K a piece of one): each 64-K step dequantizes the
         weights into a register fragment and issues its wgmma on the A ring's slot, one step
@@ -669,6 +730,8 @@ class StagedA:
                 loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
                           for h in range(2)]
             for s in cutlass.range_constexpr(SUB_STEPS):
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_step(trace, kt, s, 0)
                 if cutlass.const_expr(self.config.w_prefetch):
                     for h in cutlass.range_constexpr(2):
                         self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
@@ -683,13 +746,19 @@ class StagedA:
                 if s == SUB_STEPS - 1:
                     b_pipe.consumer_release(b_state)  # the weights are in registers now
                 a_pipe.consumer_wait(a_state)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_step(trace, kt, s, 1)
                 slot = a_state.index
                 warpgroup.fence()
                 for kblk in cutlass.range_constexpr(num_kblocks):
                     cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
                               frag_a[None, None, kblk, slot], acc)
                 warpgroup.commit_group()
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_step(trace, kt, s, 2)
                 warpgroup.wait_group(1)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_step(trace, kt, s, 3)
                 # The previous step's wgmma has retired: its A slot may be refilled. (The
                 # first step of a piece has none: the previous piece's end released it.)
                 if cutlass.const_expr(s > 0):

@@ -1,0 +1,166 @@
+"""Where a CTA's time goes, from the clock stamps of a Config.trace build (sm_90a, H200).
+
+    python build_kernels.py build --spec bench/trace_ab.yaml --out .trace     # on a CPU
+    PYTHONPATH=. python bench/trace_run.py --artifacts .trace --sets moe_down dense_a
+
+A trace build stores %clock64 (the SM's cycle counter) at fixed places of a per-CTA record in
+the workspace (kernels/sm90/config.py, TRACE_*): for every 64-K step of the first consumer
+warpgroup, for every weight stage of the producer, and at each tile's start and hand-over. This
+script runs each set eagerly on fresh inputs, reads the records back from the runtime's
+workspace and prints medians over the CTAs, in cycles:
+
+- the step: conversion and A wait (start -> A ready), wgmma issue (-> issued), the wait for
+  the previous step's wgmma (-> retired), and what follows until the next step starts;
+- a tile start (second and later tiles): the last step retired -> K loop done -> C tile free ->
+  C tile handed over -> next tile's first step starts (its weights ready) -> A ready -> issued;
+- the producer's lead: how many cycles before the consumers start a stage its weights were
+  issued.
+
+Results of trace builds are correct (the stamps only add stores), but slightly slower; compare
+phases within one build, not against the untraced kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import runtime  # noqa: E402
+from bench_grouped import ALL_SETS, input_sets  # noqa: E402
+from kernels.sm90.config import (K_TILE, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,  # noqa: E402
+                                 TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES,
+                                 TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES)
+from runtime.plan import cta_prefix  # noqa: E402
+
+SUB_STEPS = K_TILE // SUB_K
+
+
+def split_records(flat: torch.Tensor, grid: int) -> dict:
+    """A (grid * TRACE_BYTES // 8,) int64 tensor -> the consumer, producer and tile records."""
+    rec = flat.view(grid, TRACE_BYTES // 8)
+    c_end = TRACE_CONSUMER_BYTES // 8
+    p_end = c_end + TRACE_PRODUCER_BYTES // 8
+    return {
+        "steps": rec[:, :c_end].reshape(grid, TRACE_TILES, TRACE_STAGES, SUB_STEPS,
+                                        TRACE_STEP_EVENTS),
+        "stages": rec[:, c_end:p_end].reshape(grid, TRACE_TILES, TRACE_STAGES,
+                                              TRACE_STAGE_EVENTS),
+        "tiles": rec[:, p_end:p_end + TRACE_TILES * TRACE_TILE_EVENTS].reshape(
+            grid, TRACE_TILES, TRACE_TILE_EVENTS),
+        "start": rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS],
+    }
+
+
+def phases(r: dict, cta: int, tiles: int, stages: int) -> dict[str, list[int]]:
+    """Per-phase cycle counts of one CTA's first `tiles` tiles of `stages` weight stages."""
+    out: dict[str, list[int]] = {}
+
+    def add(key: str, value: int) -> None:
+        out.setdefault(key, []).append(int(value))
+
+    steps, stage_ev, tile_ev = r["steps"][cta], r["stages"][cta], r["tiles"][cta]
+    for t in range(tiles):
+        seq = [steps[t, kt, s] for kt in range(stages) for s in range(SUB_STEPS)]
+        for i, ev in enumerate(seq):
+            add("step: start -> A ready (conversion, A wait)", ev[1] - ev[0])
+            add("step: A ready -> issued", ev[2] - ev[1])
+            add("step: issued -> previous retired", ev[3] - ev[2])
+            if i + 1 < len(seq):
+                nxt = seq[i + 1]
+                key = ("step: retired -> next starts (weights wait)" if (i + 1) % SUB_STEPS == 0
+                       else "step: retired -> next starts")
+                add(key, nxt[0] - ev[3])
+                add("step period (issued -> issued)", nxt[2] - ev[2])
+        for kt in range(stages):
+            add("producer lead: weights issued -> consumers start the stage",
+                steps[t, kt, 0, 0] - stage_ev[t, kt, 1])
+        if t == 0:
+            add("first tile: CTA start -> tile start", tile_ev[0, 0] - r["start"][cta])
+            add("first tile: tile start -> first step starts", seq[0][0] - tile_ev[0, 0])
+            add("first tile: first step starts -> issued", seq[0][2] - seq[0][0])
+        else:
+            last = steps[t - 1, stages - 1, SUB_STEPS - 1]
+            add("tile start: last step retired -> K loop done", tile_ev[t - 1, 1] - last[3])
+            add("tile start: K loop done -> C tile free", tile_ev[t - 1, 2] - tile_ev[t - 1, 1])
+            add("tile start: C tile free -> handed over", tile_ev[t - 1, 3] - tile_ev[t - 1, 2])
+            add("tile start: handed over -> next tile starts", tile_ev[t, 0] - tile_ev[t - 1, 3])
+            add("tile start: next tile starts -> first step starts", seq[0][0] - tile_ev[t, 0])
+            add("tile start: first step starts -> issued", seq[0][2] - seq[0][0])
+            add("tile start: total, last retired -> first issued", seq[0][2] - last[3])
+    return out
+
+
+def summarize(r: dict, grid: int, tiles_per_cta: list[int], stages: int) -> dict[str, float]:
+    """Median over CTAs (each CTA's own median first) of every phase."""
+    per: dict[str, list[float]] = {}
+    for cta in range(grid):
+        tiles = min(tiles_per_cta[cta], TRACE_TILES)
+        if tiles == 0 or int(r["start"][cta]) == 0:
+            continue
+        for key, values in phases(r, cta, tiles, stages).items():
+            per.setdefault(key, []).append(statistics.median(values))
+    return {key: statistics.median(v) for key, v in per.items()}
+
+
+def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
+    probs = input_sets(groups)[:3]
+    outs = [torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
+    for p in probs[:2]:  # warm-up: the workspace is allocated and the module loaded
+        gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=outs)
+    torch.cuda.synchronize()
+    rt = gg._runtimes[torch.cuda.current_device()]
+    kernel = next(k for k in gg.kernels if k.name.startswith(name + "."))
+    tables = kernel.tables["tensormap_workspace"]
+    header, per_cta = tables.get("header_bytes", 0), tables["bytes_per_cta"]
+    tile_m, tile_n = kernel.tile["m"], kernel.tile["n"]
+    tiles = cta_prefix(groups, tile_m, tile_n)[-1]
+    grid = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
+    [(ws, _, _)] = [w for (stream, h), w in rt._workspaces.items() if h == header]
+    start = header + grid * (per_cta - TRACE_BYTES)
+    region = ws[start:start + grid * TRACE_BYTES]
+    region.zero_()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    gg.grouped_gemm(probs[2].a, probs[2].b, probs[2].sfa, probs[2].sfb, out=outs)
+    end.record()
+    torch.cuda.synchronize()
+    r = split_records(region.view(torch.int64).cpu(), grid)
+    tiles_per_cta = [len(range(c, tiles, grid)) for c in range(grid)]
+    stages = min(groups[0][2] // K_TILE, TRACE_STAGES)
+    span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
+    summary = summarize(r, grid, tiles_per_cta, stages)
+    return {"set": name, "grid": grid, "tiles": tiles, "call_us": begin.elapsed_time(end) * 1e3,
+            "span_cycles": span, "phases": summary}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifacts", default=".trace")
+    ap.add_argument("--sets", nargs="+", required=True, choices=list(ALL_SETS), metavar="SET")
+    ap.add_argument("--json", help="write the summaries here")
+    args = ap.parse_args()
+    gg = runtime.load(args.artifacts)
+    results = []
+    for name in args.sets:
+        res = trace_set(gg, name, ALL_SETS[name])
+        results.append(res)
+        print(f"\n{name}: {res['tiles']} tiles on {res['grid']} CTAs; call {res['call_us']:.1f} us "
+              f"(eager), first CTA start to last stamp {res['span_cycles']} cycles")
+        for key, value in res["phases"].items():
+            print(f"  {key:62s} {value:9.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Config.trace (a diagnostic build: clock stamps per CTA in the workspace) and
+bench/trace_run.py's reading of them: the option is checked like the others, a trace build
+compiles and reserves its record in the workspace, and the decoder turns known stamps into the
+phase lengths they encode."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import NEEDS_DSL, compile_sm90
+from kernels.sm90.config import (SUB_K, K_TILE, TRACE_BYTES, TRACE_STAGES, TRACE_STEP_EVENTS,
+                                 TRACE_TILES, Config, check)
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import trace_run  # noqa: E402
+
+SUB_STEPS = K_TILE // SUB_K
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"trace": 1}, "trace must be true or false, but got 1"),
+    ({"trace": True, "a_fp16": False},
+     "trace needs a_fp16: true and stream_k: false (its record sits where stream-K's partial "
+     "slots would)"),
+    ({"trace": True, "stream_k": True},
+     "trace needs a_fp16: true and stream_k: false (its record sits where stream-K's partial "
+     "slots would)"),
+])
+def test_trace_is_checked(kwargs, reason) -> None:
+    assert check(Config(**kwargs)) == [reason]
+
+
+def test_the_record_is_whole_128_byte_lines() -> None:
+    assert TRACE_BYTES % 128 == 0 and TRACE_BYTES == 22784
+
+
+def _records(grid: int, stages: int, tiles: int) -> torch.Tensor:
+    """Synthetic stamps: every step takes 1000 cycles (start, +300 A ready, +20 issued, +600
+    previous retired, +80 next start), a tile start adds 5000, the producer issues each stage's
+    weights 2000 cycles before the consumers start it."""
+    flat = torch.zeros(grid * TRACE_BYTES // 8, dtype=torch.int64)
+    r = trace_run.split_records(flat, grid)
+    for cta in range(grid):
+        t = 100_000 * (cta + 1)
+        r["start"][cta] = t
+        t += 400
+        for tile in range(tiles):
+            r["tiles"][cta, tile, 0] = t
+            t += 200
+            for kt in range(stages):
+                r["stages"][cta, tile, kt, 1] = t - 2000
+                for s in range(SUB_STEPS):
+                    r["steps"][cta, tile, kt, s] = torch.tensor([t, t + 300, t + 320, t + 920])
+                    t += 1000
+            r["tiles"][cta, tile, 1] = t - 80 + 100
+            r["tiles"][cta, tile, 2] = t - 80 + 300
+            r["tiles"][cta, tile, 3] = t - 80 + 500
+            t += 5000 - 200 - 80 + 80
+    return flat
+
+
+def test_the_decoder_reads_back_the_phases() -> None:
+    grid, stages, tiles = 3, 2, 2
+    r = trace_run.split_records(_records(grid, stages, tiles), grid)
+    got = trace_run.summarize(r, grid, [tiles] * grid, stages)
+    assert got["step period (issued -> issued)"] == 1000
+    assert got["step: start -> A ready (conversion, A wait)"] == 300
+    assert got["step: A ready -> issued"] == 20
+    assert got["step: issued -> previous retired"] == 600
+    assert got["step: retired -> next starts"] == 80
+    assert got["producer lead: weights issued -> consumers start the stage"] == 2000
+    assert got["first tile: CTA start -> tile start"] == 400
+    assert got["first tile: tile start -> first step starts"] == 200
+    assert got["tile start: K loop done -> C tile free"] == 200
+    assert got["tile start: C tile free -> handed over"] == 200
+    # With E the end of a tile's last step: retired at E - 80, K loop done E + 20, C tile free
+    # E + 220, handed over E + 420, next tile at E + 4800, its first step at E + 5000 and
+    # issued at E + 5320.
+    assert got["tile start: last step retired -> K loop done"] == 100
+    assert got["tile start: handed over -> next tile starts"] == 4380
+    assert got["tile start: first step starts -> issued"] == 320
+    total = got["tile start: total, last retired -> first issued"]
+    assert total == 5400
+    assert total == sum(got[k] for k in (
+        "tile start: last step retired -> K loop done", "tile start: K loop done -> C tile free",
+        "tile start: C tile free -> handed over", "tile start: handed over -> next tile starts",
+        "tile start: next tile starts -> first step starts",
+        "tile start: first step starts -> issued"))
+
+
+def test_ctas_without_a_start_stamp_are_skipped() -> None:
+    grid, stages = 2, 1
+    flat = _records(grid, stages, 1)
+    r = trace_run.split_records(flat, grid)
+    r["start"][1] = 0
+    r["steps"][1] += 7  # would change the medians if it were read
+    got = trace_run.summarize(r, grid, [1, 1], stages)
+    assert got["step: A ready -> issued"] == 20
+
+
+SCRIPT = """
+k = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
+                          patch_ahead=True, stream_a=True, trace=True),
+                   arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
+plain = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
+                              patch_ahead=True, stream_a=True),
+                       arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
+print(json.dumps({"per_cta": [k.tables["tensormap_workspace"]["bytes_per_cta"],
+                              plain.tables["tensormap_workspace"]["bytes_per_cta"]],
+                  "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx]}))
+"""
+
+
+@NEEDS_DSL
+def test_a_trace_build_reserves_its_record_and_reads_the_clock() -> None:
+    out = compile_sm90(SCRIPT)
+    assert out["per_cta"][0] == out["per_cta"][1] + TRACE_BYTES
+    assert out["clock"] == [True, False]
+
+
+def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
+    from builder.families import load_families
+    from builder.spec import load_spec
+
+    spec = load_spec(ROOT / "bench" / "trace_ab.yaml", load_families("kernels.families"))
+    assert [s.name for s in spec.sets] == ["moe_down", "moe_down_one_tile", "dense_a"]
+    for s in spec.sets:
+        assert list(s.groups) == trace_run.ALL_SETS[s.name]
+        assert all(b.options_dict()["trace"] is True for b in s.builds)
