@@ -509,11 +509,17 @@ class StagedA:
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
+            trace = None
+            if cutlass.const_expr(self.config.trace):
+                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
             if cutlass.const_expr(self.config.patch_ahead):
                 if group != prev_group:
                     desc_set = ahead_set  # patched while the previous tile loaded
                     prev_group = group
+                next_group, nm = group, m
+                has_next = Int32(0)
                 if tile + grid < total_tiles:
+                    has_next = Int32(1)
                     next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
                     if next_group != ahead_group:
                         ahead_set = self._next_set(ahead_set)
@@ -522,17 +528,22 @@ class StagedA:
                         for o in cutlass.range_constexpr(len(atoms)):
                             prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
                         ahead_group = next_group
+                # ahead_set now holds the next tile's group: its first weight stage goes out
+                # one stage before this tile's last A (_produce_tile_b_ahead).
+                _, next_tile_n = self._tile_coords(tile + grid, next_group, prefix, nm)
+                b_state, a_state, ready = self._produce_tile_b_ahead(
+                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                    prefix, m, pre, k // K_TILE, ahead_set, next_tile_n * self.tile_n, has_next,
+                    None if progress is None else (progress, ready, sizes, grid), trace)
+                pre = Int32(1)  # the next tile's first weight stage is on its way
             else:
                 desc_set, prev_group = self._patch_on_group_change(
                     atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-            trace = None
-            if cutlass.const_expr(self.config.trace):
-                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
-            b_state, a_state, ready = self._produce_piece(
-                ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                prefix, m, 0, pre, k // K_TILE,
-                None if progress is None else (progress, ready, sizes, grid), trace)
-            pre = Int32(0)
+                b_state, a_state, ready = self._produce_piece(
+                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
+                    prefix, m, 0, pre, k // K_TILE,
+                    None if progress is None else (progress, ready, sizes, grid), trace)
+                pre = Int32(0)
             tile += grid
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
@@ -579,6 +590,47 @@ class StagedA:
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+        return b_state, a_state, ready
+
+    @cute.jit
+    def _produce_tile_b_ahead(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state,
+                              a_state, tile, group, prefix, m, pre, stages, next_set, next_row_b,
+                              has_next, streamed=None, trace=None) -> tuple:
+        """patch_ahead's loads of one tile: each weight stage one stage before its A, and the
+        next tile's first weight stage (set `next_set`, row `next_row_b`; when `has_next`)
+        before this tile's last A, so that a tile start does not wait for weights issued only
+        after the previous tile's last A slot came free (bench/RESULTS.md, tenth session). The
+        first `pre` (>= 1) weight stages are already loaded. Returns the advanced pipeline
+        states and `ready`, as _produce_piece."""
+        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+        d_b = self._desc(ws, bidx, desc_set, OP_B)
+        d_a = self._desc(ws, bidx, desc_set, OP_A)
+        d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
+        row_a = tile_m_idx * self.tile_m
+        row_b = tile_n_idx * self.tile_n
+        ready = Int32(0)
+        row_end = Int32(0)
+        if cutlass.const_expr(streamed is not None):
+            progress, ready, sizes, grid = streamed
+            row_end = self._row_end(sizes, group, row_a, m)
+        # Stages whose next weight stage is loaded already (pre >= 2 for a first tile), then
+        # those that load it, then the last, which loads the next tile's first.
+        for kt in cutlass.range(0, pre - 1, unroll=1):
+            if cutlass.const_expr(streamed is not None):
+                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+        for kt in cutlass.range(pre - 1, stages - 1, unroll=1):
+            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt + 1, row_b, trace)
+            if cutlass.const_expr(streamed is not None):
+                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+        for _ in cutlass.range(has_next, unroll=1):
+            b_state = self._produce_b(b_pipe, b_state, self._desc(ws, bidx, next_set, OP_B),
+                                      self._desc(ws, bidx, next_set, OP_SFB), storage, 0,
+                                      next_row_b)
+        if cutlass.const_expr(streamed is not None):
+            ready = self._wait_stage_a(progress, ready, row_end, stages - 1, grid)
+        a_state = self._produce_a(a_pipe, a_state, d_a, storage, stages - 1, row_a, trace)
         return b_state, a_state, ready
 
     @cute.jit
@@ -689,26 +741,60 @@ class StagedA:
         prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            # The tile's first weight row within its 128-row scale block (0 unless tile_n 192).
-            scale_row0 = (tile_n_idx * self.tile_n) % 128
-            trace = None
-            if cutlass.const_expr(self.config.trace):
-                trace = self._trace_tile(tile, bidx, grid, ct == 0)
-                self._stamp_tile(trace[0], 0, trace[1])
-            b_state, a_state, prev_slot = self._k_loop(
-                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
-                a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct, trace)
-            if cutlass.const_expr(self.config.trace):
-                self._stamp_tile(trace[0], 1, trace[1])
-            if cutlass.const_expr(self.config.async_epilogue):
+        if cutlass.const_expr(self.config.async_epilogue):
+            # The storers write C, so a tile's group, k and scale row are all the consumers
+            # need, and they are read one tile ahead: the table walk's dependent loads then
+            # overlap a tile instead of delaying the next one's start (bench/RESULTS.md, tenth
+            # session).
+            k = Int32(0)
+            scale_row0 = Int32(0)
+            if tile < total_tiles:
+                group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
+            while tile < total_tiles:
+                next_group, next_k, next_row0 = group, k, scale_row0
+                if tile + grid < total_tiles:
+                    next_group, next_k, next_row0 = self._consumer_tile(tile + grid, group,
+                                                                        prefix, sizes)
+                trace = None
+                if cutlass.const_expr(self.config.trace):
+                    trace = self._trace_tile(tile, bidx, grid, ct == 0)
+                    self._stamp_tile(trace[0], 0, trace[1])
+                b_state, a_state, prev_slot = self._k_loop(
+                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
+                    b_pipe, a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct,
+                    trace)
+                if cutlass.const_expr(self.config.trace):
+                    self._stamp_tile(trace[0], 1, trace[1])
                 self._hand_over_tile(acc, coords, storage, trace)
-            else:
+                group, k, scale_row0 = next_group, next_k, next_row0
+                tile += grid
+        else:
+            while tile < total_tiles:
+                group, m, n, k = self._group_of(tile, group, prefix, sizes)
+                tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+                # The tile's first weight row within its 128-row scale block (0 unless 192).
+                scale_row0 = (tile_n_idx * self.tile_n) % 128
+                trace = None
+                if cutlass.const_expr(self.config.trace):
+                    trace = self._trace_tile(tile, bidx, grid, ct == 0)
+                    self._stamp_tile(trace[0], 0, trace[1])
+                b_state, a_state, prev_slot = self._k_loop(
+                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
+                    b_pipe, a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct,
+                    trace)
+                if cutlass.const_expr(self.config.trace):
+                    self._stamp_tile(trace[0], 1, trace[1])
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                                  tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
-            tile += grid
+                tile += grid
+
+    @cute.jit
+    def _consumer_tile(self, tile, group, prefix, sizes) -> tuple:
+        """A consumer's view of `tile`: its group, k, and its first weight row within its
+        128-row scale block (0 unless tile_n 192)."""
+        group, m, _, k = self._group_of(tile, group, prefix, sizes)
+        _, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+        return group, k, (tile_n_idx * self.tile_n) % 128
 
     @cute.jit
     def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
