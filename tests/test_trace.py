@@ -68,24 +68,27 @@ def test_the_decoder_reads_back_the_phases() -> None:
     grid, stages, tiles = 3, 2, 2
     r = trace_run.split_records(_records(grid, stages, tiles), grid)
     got = trace_run.summarize(r, grid, [tiles] * grid, stages)
-    assert got["step period (issued -> issued)"] == 1000
-    assert got["step: start -> A ready (conversion, A wait)"] == 300
-    assert got["step: A ready -> issued"] == 20
-    assert got["step: issued -> previous retired"] == 600
-    assert got["step: retired -> next starts"] == 80
-    assert got["producer lead: weights issued -> consumers start the stage"] == 2000
-    assert got["first tile: CTA start -> tile start"] == 400
-    assert got["first tile: tile start -> first step starts"] == 200
-    assert got["tile start: K loop done -> C tile free"] == 200
-    assert got["tile start: C tile free -> handed over"] == 200
     # With E the end of a tile's last step: retired at E - 80, K loop done E + 20, C tile free
     # E + 220, handed over E + 420, next tile at E + 4800, its first step at E + 5000 and
     # issued at E + 5320.
-    assert got["tile start: last step retired -> K loop done"] == 100
-    assert got["tile start: handed over -> next tile starts"] == 4380
-    assert got["tile start: first step starts -> issued"] == 320
+    expected = {
+        "step period (issued -> issued)": 1000,
+        "step: start -> A ready (conversion, A wait)": 300,
+        "step: A ready -> issued": 20,
+        "step: issued -> previous retired": 600,
+        "step: retired -> next starts": 80,
+        "producer lead: weights issued -> consumers start the stage": 2000,
+        "first tile: CTA start -> tile start": 400,
+        "first tile: tile start -> first step starts": 200,
+        "tile start: last step retired -> K loop done": 100,
+        "tile start: K loop done -> C tile free": 200,
+        "tile start: C tile free -> handed over": 200,
+        "tile start: handed over -> next tile starts": 4380,
+        "tile start: first step starts -> issued": 320,
+        "tile start: total, last retired -> first issued": 5400,
+    }
+    assert {key: got[key] for key in expected} == expected
     total = got["tile start: total, last retired -> first issued"]
-    assert total == 5400
     assert total == sum(got[k] for k in (
         "tile start: last step retired -> K loop done", "tile start: K loop done -> C tile free",
         "tile start: C tile free -> handed over", "tile start: handed over -> next tile starts",
