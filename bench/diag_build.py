@@ -102,13 +102,14 @@ _CONSUMER_SYNC = [
      "        warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
-_PRODUCER_TILES = '''        ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
+# (The diagnostic builds use patch_ahead, as every shipped v3 set: its producer loop.)
+_PRODUCER_TILES = '''            group, m, _, k = self._group_of(bidx, group, prefix, sizes)
         tile = bidx
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
-        while tile < total_tiles:'''
+        if cutlass.const_expr(self.config.async_epilogue):'''
 # async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one,
 # nor meet the consumers at the first hand-over (no consumer comes).
 _STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
@@ -128,7 +129,13 @@ _STAGING_END = '''            c += STAGE_UNROLL * stride
 # Neither role takes a tile (and the producer loads no weights ahead), or no grid barrier.
 _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
                       _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
-_NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
+# The producer loop without patch_ahead.
+_PLAIN_PRODUCER_TILES = '''            tile = bidx
+            while tile < total_tiles:
+                group, m, n, k = self._group_of(tile, group, prefix, sizes)'''
+_NO_PLAIN_PRODUCER_TILES = (STAGED, _PLAIN_PRODUCER_TILES,
+                            _PLAIN_PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
+_NO_TILES = [_NO_PRODUCER_TILES, _NO_PLAIN_PRODUCER_TILES, _NO_PREFETCH,
              (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
              (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles")
               .replace("        c_free.arrive_and_wait()  # the consumers' first hand-over: the "
@@ -163,7 +170,8 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     # The producer takes no tile (its tail then waits on nothing) and the consumers neither
     # wait nor release, so no mbarrier phase can fall out of step.
-    "compute_only": [_NO_PRODUCER_TILES, _NO_PREFETCH, *_CONSUMER_SYNC],
+    "compute_only": [_NO_PRODUCER_TILES, _NO_PLAIN_PRODUCER_TILES, _NO_PREFETCH,
+                     *_CONSUMER_SYNC],
     # Staging, grid barrier and launch alone: neither role takes a tile.
     "phase1_only": _NO_TILES,
     # phase1_only without the grid barrier (the barrier's cost), and without staging too

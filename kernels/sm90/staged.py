@@ -506,37 +506,18 @@ class StagedA:
         ahead_set = Int32(0)
         ahead_group = prev_group
         ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
-        tile = bidx
-        while tile < total_tiles:
-            group, m, n, k = self._group_of(tile, group, prefix, sizes)
-            trace = None
-            if cutlass.const_expr(self.config.trace):
-                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
-            if cutlass.const_expr(self.config.patch_ahead):
-                if group != prev_group:
-                    desc_set = ahead_set  # patched while the previous tile loaded
-                    prev_group = group
-                next_group, nm = group, m
-                has_next = Int32(0)
-                if tile + grid < total_tiles:
-                    has_next = Int32(1)
-                    next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
-                    if next_group != ahead_group:
-                        ahead_set = self._next_set(ahead_set)
-                        self._patch_descriptors_a16(atoms, ws, bidx, ahead_set, ptrs, sizes,
-                                                    next_group, a16_base, nm, nn, nk)
-                        for o in cutlass.range_constexpr(len(atoms)):
-                            prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
-                        ahead_group = next_group
-                # ahead_set now holds the next tile's group: its first weight stage goes out
-                # one stage before this tile's last A (_produce_tile_b_ahead).
-                _, next_tile_n = self._tile_coords(tile + grid, next_group, prefix, nm)
-                b_state, a_state, ready = self._produce_tile_b_ahead(
-                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                    prefix, m, pre, k // K_TILE, ahead_set, next_tile_n * self.tile_n, has_next,
-                    None if progress is None else (progress, ready, sizes, grid), trace)
-                pre = Int32(1)  # the next tile's first weight stage is on its way
-            else:
+        streamed = None if progress is None else (progress, sizes, grid)
+        if cutlass.const_expr(self.config.patch_ahead):
+            b_state, a_state = self._producer_tiles_ahead(
+                atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
+                a16_base, total_tiles, bidx, grid, pre, prev_group, streamed)
+        else:
+            tile = bidx
+            while tile < total_tiles:
+                group, m, n, k = self._group_of(tile, group, prefix, sizes)
+                trace = None
+                if cutlass.const_expr(self.config.trace):
+                    trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
                 desc_set, prev_group = self._patch_on_group_change(
                     atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
                 b_state, a_state, ready = self._produce_piece(
@@ -544,7 +525,7 @@ class StagedA:
                     prefix, m, 0, pre, k // K_TILE,
                     None if progress is None else (progress, ready, sizes, grid), trace)
                 pre = Int32(0)
-            tile += grid
+                tile += grid
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
 
@@ -593,45 +574,88 @@ class StagedA:
         return b_state, a_state, ready
 
     @cute.jit
-    def _produce_tile_b_ahead(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state,
-                              a_state, tile, group, prefix, m, pre, stages, next_set, next_row_b,
-                              has_next, streamed=None, trace=None) -> tuple:
-        """patch_ahead's loads of one tile: each weight stage one stage before its A, and the
-        next tile's first weight stage (set `next_set`, row `next_row_b`; when `has_next`)
-        before this tile's last A, so that a tile start does not wait for weights issued only
-        after the previous tile's last A slot came free (bench/RESULTS.md, tenth session). The
-        first `pre` (>= 1) weight stages are already loaded. Returns the advanced pipeline
-        states and `ready`, as _produce_piece."""
-        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-        d_b = self._desc(ws, bidx, desc_set, OP_B)
-        d_a = self._desc(ws, bidx, desc_set, OP_A)
-        d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
-        row_a = tile_m_idx * self.tile_m
-        row_b = tile_n_idx * self.tile_n
+    def _producer_tiles_ahead(self, atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes,
+                              ptrs, prefix, a16_base, total_tiles, bidx, grid, pre, prev_group,
+                              streamed=None) -> tuple:
+        """patch_ahead's tile loop. A tile's loads go in this order: its first A stage (and its
+        second weight stage), then the look-ahead (the next tile's group, found by a table walk,
+        patched into the next descriptor set), then each weight stage one stage before its A,
+        with the next tile's first weight stage before this tile's last A. So a tile start
+        waits neither for weights issued after the previous tile's last A slot came free nor
+        for the producer's per-tile work (bench/RESULTS.md, tenth session). The first tile's
+        first `pre` (>= 1) weight stages come from the prologue. Returns the pipeline states."""
         ready = Int32(0)
-        row_end = Int32(0)
-        if cutlass.const_expr(streamed is not None):
-            progress, ready, sizes, grid = streamed
-            row_end = self._row_end(sizes, group, row_a, m)
-        # Stages whose next weight stage is loaded already (pre >= 2 for a first tile), then
-        # those that load it, then the last, which loads the next tile's first.
-        for kt in cutlass.range(0, pre - 1, unroll=1):
+        desc_set = Int32(0)
+        ahead_set = Int32(0)  # the newest patched set and the group it holds (the prologue's)
+        ahead_group = prev_group
+        group, m, k = Int32(0), Int32(0), Int32(0)
+        if bidx < total_tiles:
+            group, m, _, k = self._group_of(bidx, group, prefix, sizes)
+        tile = bidx
+        while tile < total_tiles:
+            trace = None
+            if cutlass.const_expr(self.config.trace):
+                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
+            if group != prev_group:
+                desc_set = ahead_set  # patched while the previous tile loaded
+                prev_group = group
+            stages = k // K_TILE
+            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+            d_b = self._desc(ws, bidx, desc_set, OP_B)
+            d_a = self._desc(ws, bidx, desc_set, OP_A)
+            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
+            row_a = tile_m_idx * self.tile_m
+            row_b = tile_n_idx * self.tile_n
+            row_end = Int32(0)
             if cutlass.const_expr(streamed is not None):
-                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        for kt in cutlass.range(pre - 1, stages - 1, unroll=1):
-            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt + 1, row_b, trace)
+                progress, sizes_, grid_ = streamed
+                row_end = self._row_end(sizes_, group, row_a, m)
+            # Stage 0: the second weight stage unless the prologue loaded it, then the A.
+            second = cutlass.min(stages - 1, 1) - cutlass.min(cutlass.max(pre - 1, 0), 1)
+            for _ in cutlass.range(second, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, 1, row_b, trace)
             if cutlass.const_expr(streamed is not None):
-                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        for _ in cutlass.range(has_next, unroll=1):
-            b_state = self._produce_b(b_pipe, b_state, self._desc(ws, bidx, next_set, OP_B),
-                                      self._desc(ws, bidx, next_set, OP_SFB), storage, 0,
-                                      next_row_b)
-        if cutlass.const_expr(streamed is not None):
-            ready = self._wait_stage_a(progress, ready, row_end, stages - 1, grid)
-        a_state = self._produce_a(a_pipe, a_state, d_a, storage, stages - 1, row_a, trace)
-        return b_state, a_state, ready
+                ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
+            # The look-ahead, now that the tile's first loads are out.
+            next_group, nm, nk = group, m, k
+            has_next = Int32(0)
+            if tile + grid < total_tiles:
+                has_next = Int32(1)
+                next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
+                if next_group != ahead_group:
+                    ahead_set = self._next_set(ahead_set)
+                    self._patch_descriptors_a16(atoms, ws, bidx, ahead_set, ptrs, sizes,
+                                                next_group, a16_base, nm, nn, nk)
+                    for o in cutlass.range_constexpr(len(atoms)):
+                        prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
+                    ahead_group = next_group
+            _, next_tile_n = self._tile_coords(tile + grid, next_group, prefix, nm)
+            # Stages 1..: A only while the next weight stage is the prologue's, then each
+            # weight stage one ahead of its A, the next tile's first, and the last A.
+            for kt in cutlass.range(1, pre - 1, unroll=1):
+                if cutlass.const_expr(streamed is not None):
+                    ready = self._wait_stage_a(progress, ready, row_end, kt, grid_)
+                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+            for kt in cutlass.range(cutlass.max(pre - 1, 1), stages - 1, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt + 1, row_b,
+                                          trace)
+                if cutlass.const_expr(streamed is not None):
+                    ready = self._wait_stage_a(progress, ready, row_end, kt, grid_)
+                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+            for _ in cutlass.range(has_next, unroll=1):
+                b_state = self._produce_b(b_pipe, b_state, self._desc(ws, bidx, ahead_set, OP_B),
+                                          self._desc(ws, bidx, ahead_set, OP_SFB), storage, 0,
+                                          next_tile_n * self.tile_n)
+            for _ in cutlass.range(cutlass.min(stages - 1, 1), unroll=1):  # stages >= 2
+                if cutlass.const_expr(streamed is not None):
+                    ready = self._wait_stage_a(progress, ready, row_end, stages - 1, grid_)
+                a_state = self._produce_a(a_pipe, a_state, d_a, storage, stages - 1, row_a,
+                                          trace)
+            group, m, k = next_group, nm, nk
+            pre = Int32(1)  # the next tile's first weight stage is on its way
+            tile += grid
+        return b_state, a_state
 
     @cute.jit
     def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,
