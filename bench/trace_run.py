@@ -37,8 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import runtime  # noqa: E402
 from bench_grouped import ALL_SETS, input_sets  # noqa: E402
 from kernels.sm90.config import (K_TILE, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,  # noqa: E402
-                                 TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES,
-                                 TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES)
+                                 TRACE_CTA_EVENTS, TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS,
+                                 TRACE_STAGES, TRACE_STEP_EVENTS, TRACE_TILE_EVENTS,
+                                 TRACE_TILES)
 from runtime.plan import cta_prefix  # noqa: E402
 
 SUB_STEPS = K_TILE // SUB_K
@@ -56,6 +57,8 @@ def split_records(flat: torch.Tensor, grid: int) -> dict:
                                               TRACE_STAGE_EVENTS),
         "tiles": rec[:, p_end:p_end + TRACE_TILES * TRACE_TILE_EVENTS].reshape(
             grid, TRACE_TILES, TRACE_TILE_EVENTS),
+        "cta": rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS:
+                   p_end + TRACE_TILES * TRACE_TILE_EVENTS + len(TRACE_CTA_EVENTS)],
         "start": rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS],
     }
 
@@ -84,6 +87,11 @@ def phases(r: dict, cta: int, tiles: int, stages: int) -> dict[str, list[int]]:
             add("producer lead: weights issued -> consumers start the stage",
                 steps[t, kt, 0, 0] - stage_ev[t, kt, 1])
         if t == 0:
+            # The CTA's own events that were stamped (a build without stream_a has no staging
+            # events), each from the CTA's start.
+            for e, name in enumerate(TRACE_CTA_EVENTS[1:], start=1):
+                if int(r["cta"][cta, e]) != 0:
+                    add(f"CTA start -> {name}", r["cta"][cta, e] - r["start"][cta])
             add("first tile: CTA start -> tile start", tile_ev[0, 0] - r["start"][cta])
             add("first tile: tile start -> first step starts", seq[0][0] - tile_ev[0, 0])
             add("first tile: first step starts -> issued", seq[0][2] - seq[0][0])

@@ -48,6 +48,8 @@ def _records(grid: int, stages: int, tiles: int) -> torch.Tensor:
     for cta in range(grid):
         t = 100_000 * (cta + 1)
         r["start"][cta] = t
+        r["cta"][cta, 1] = t + 50   # templates copied
+        r["cta"][cta, 3] = t + 900  # first weight stage issued
         t += 400
         for tile in range(tiles):
             r["tiles"][cta, tile, 0] = t
@@ -79,6 +81,8 @@ def test_the_decoder_reads_back_the_phases() -> None:
         "step: retired -> next starts": 80,
         "producer lead: weights issued -> consumers start the stage": 2000,
         "first tile: CTA start -> tile start": 400,
+        "CTA start -> descriptor templates copied": 50,
+        "CTA start -> first weight stage issued": 900,
         "first tile: tile start -> first step starts": 200,
         "tile start: last step retired -> K loop done": 100,
         "tile start: K loop done -> C tile free": 200,
@@ -88,6 +92,8 @@ def test_the_decoder_reads_back_the_phases() -> None:
         "tile start: total, last retired -> first issued": 5400,
     }
     assert {key: got[key] for key in expected} == expected
+    # Events nobody stamped (here the patch, the staging ones) are not reported.
+    assert "CTA start -> first group's descriptors patched" not in got
     total = got["tile start: total, last retired -> first issued"]
     assert total == sum(got[k] for k in (
         "tile start: last step retired -> K loop done", "tile start: K loop done -> C tile free",

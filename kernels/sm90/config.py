@@ -104,6 +104,10 @@ TRACE_STAGE_EVENTS = 2 + K_TILE // SUB_K
 # Per tile (consumers): tile start, K loop retired, C tile free, C tile handed over; then one
 # record for the CTA: its start (thread 0).
 TRACE_TILE_EVENTS = 4
+# After the tiles' records, the CTA's own events (at most 16), in this order.
+TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's descriptors patched",
+                    "first weight stage issued", "first A stage found staged",
+                    "stagers' first iteration counted")
 TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
 TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
 TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + 16) * 8

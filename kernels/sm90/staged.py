@@ -95,7 +95,7 @@ class StagedA:
             # address held across the roles spilled.
             self._trace_parts = (workspace, bidx, grid)
             a16_base = a16_base + grid * TRACE_BYTES
-            self._stamp_tile(Int32(TRACE_TILES), 0, Int32(tidx == 0))  # the CTA's start
+            self._stamp_cta(0, Int32(tidx == 0))
         desc_base = ws_base + self.header_bytes
         if cutlass.const_expr(self.config.stream_a):
             self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
@@ -399,6 +399,10 @@ class StagedA:
         slot = (index * TRACE_STAGES + kt) * TRACE_STAGE_EVENTS + event
         stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + slot * 8), rec)
 
+    def _stamp_cta(self, event: int, rec) -> None:
+        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records."""
+        self._stamp_tile(Int32(TRACE_TILES), event, rec)
+
     def _stamp_tile(self, index, event: int, rec) -> None:
         slot = index * TRACE_TILE_EVENTS + event
         stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8), rec)
@@ -430,6 +434,10 @@ class StagedA:
         atoms = (tma_b, tma_a16, tma_sfb)
         ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(atoms, ws, bidx)
+        lane0 = None
+        if cutlass.const_expr(self.config.trace):
+            lane0 = Int32(cute.arch.lane_idx() == 0)
+            self._stamp_cta(1, lane0)
         first, kb = bidx, 0  # the data-parallel first tile, from its first stage
         if cutlass.const_expr(self.config.stream_k):
             group, pre, first, kb = self._sk_first(
@@ -441,6 +449,8 @@ class StagedA:
             _, m, n, k = self._group_of(first, group, prefix, sizes)
             self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
                                         m, n, k)
+            if cutlass.const_expr(self.config.trace):
+                self._stamp_cta(2, lane0)
             _, tile_n_idx = self._tile_coords(first, group, prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
@@ -449,6 +459,8 @@ class StagedA:
             for kt in cutlass.range(kb, kb + pre, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
                                           tile_n_idx * self.tile_n)
+                if cutlass.const_expr(self.config.trace):
+                    self._stamp_cta(3, lane0 & Int32(kt == kb))
 
     @cute.jit
     def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace=None) -> Any:
@@ -565,11 +577,15 @@ class StagedA:
         for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         for kt in cutlass.range(kb + pre, ke, unroll=1):
             b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace)
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         return b_state, a_state, ready
 

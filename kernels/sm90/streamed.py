@@ -105,6 +105,8 @@ class StreamedA:
             if cute.arch.lane_idx() == 0:
                 red_add_release_gpu_u32(
                     bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
+                if cutlass.const_expr(self.config.trace):
+                    self._stamp_cta(5, Int32(it == 0) & Int32(st == 0))
 
     @cute.jit
     def _await_staged(self, bank, need, iterations, grid) -> Int32:
