@@ -632,6 +632,8 @@ class StagedA:
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, 1, row_b, trace)
             if cutlass.const_expr(streamed is not None):
                 ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0))
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
             # The look-ahead, now that the tile's first loads are out.
             next_group, nm, nk = group, m, k
