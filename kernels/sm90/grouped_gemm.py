@@ -85,6 +85,7 @@ from .staging import STREAM_HEADER_BYTES
 from .stream_k_roles import StreamK
 from .streamed import StreamedA
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
+from .trace import TraceStamps
 from .weights import WeightFragments
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
@@ -94,7 +95,7 @@ _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments):
+class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:

@@ -17,15 +17,12 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
-from .config import (C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,
-                     TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES,
-                     TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES, register_split_fits)
+from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep, prefetch_tensormap,
-                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32,
-                  stamp_clock)
+                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PAIR_SEND, PAIR_STORES, chunk_addresses,
                       pair_store_offset)
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
@@ -90,12 +87,7 @@ class StagedA:
                 st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
 
         if cutlass.const_expr(self.config.trace):
-            # Config.trace: this CTA's record, between the descriptors and A (as stream-K's).
-            # Kept as its parts (a kernel parameter, the CTA index and the grid): a 64-bit
-            # address held across the roles spilled.
-            self._trace_parts = (workspace, bidx, grid)
-            a16_base = a16_base + grid * TRACE_BYTES
-            self._stamp_cta(0, Int32(tidx == 0))
+            a16_base = self._start_trace(workspace, a16_base, tidx, bidx, grid)
         desc_base = ws_base + self.header_bytes
         if cutlass.const_expr(self.config.stream_a):
             self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
@@ -371,41 +363,6 @@ class StagedA:
             while now == seen:
                 nanosleep(64)
                 now = ld_acquire_gpu_u32(generation)
-
-    # Config.trace (bench/trace_run.py): clock stamps at fixed places of the CTA's record.
-    def _trace_at(self, offset) -> Int64:
-        """Global address of byte `offset` of this CTA's record."""
-        workspace, bidx, grid = self._trace_parts
-        desc = self.desc_sets * tma.MAPS_PER_SET * tma.TENSORMAP_BYTES
-        return (workspace.toint() + Int64(self.header_bytes) + Int64(grid * desc)
-                + Int64(bidx * TRACE_BYTES + offset))
-
-    def _trace_tile(self, tile, bidx, grid, recorder) -> tuple:
-        """(record index of this CTA's tile, whether this thread records it): tiles past
-        TRACE_TILES share the last index and are not recorded."""
-        local = (tile - bidx) // grid
-        return (cutlass.min(local, Int32(TRACE_TILES - 1)),
-                Int32(recorder) & Int32(local < TRACE_TILES))
-
-    def _stamp_step(self, trace, kt, s: int, event: int) -> None:
-        index, rec = trace
-        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
-        slot = ((index * TRACE_STAGES + kt) * SUB_STEPS + s) * TRACE_STEP_EVENTS + event
-        stamp_clock(self._trace_at(slot * 8), rec)
-
-    def _stamp_stage(self, trace, kt, event: int) -> None:
-        index, rec = trace
-        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
-        slot = (index * TRACE_STAGES + kt) * TRACE_STAGE_EVENTS + event
-        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + slot * 8), rec)
-
-    def _stamp_cta(self, event: int, rec) -> None:
-        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records."""
-        self._stamp_tile(Int32(TRACE_TILES), event, rec)
-
-    def _stamp_tile(self, index, event: int, rec) -> None:
-        slot = index * TRACE_TILE_EVENTS + event
-        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8), rec)
 
     @cute.jit
     def _a16_offset(self, sizes, group) -> Int64:

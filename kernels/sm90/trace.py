@@ -1,0 +1,63 @@
+"""Config.trace's clock stamps (a diagnostic build option; bench/trace_run.py reads them): a
+record per CTA in the workspace, between the descriptors and the fp16 A (where stream-K's
+partial slots would sit), with the SM's %clock64 at fixed places (kernels/sm90/config.py,
+TRACE_*). A mixin of Sm90GroupedGemm (kernels/sm90/grouped_gemm.py); every call site is under
+`cutlass.const_expr(self.config.trace)`, so the default kernels hold none of it."""
+
+from __future__ import annotations
+
+import cutlass
+from cutlass import Int32, Int64
+
+from . import tma
+from .config import (TRACE_BYTES, TRACE_CONSUMER_BYTES, TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS,
+                     TRACE_STAGES, TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES)
+from .ptx import stamp_clock
+from .structure import SUB_STEPS
+
+
+class TraceStamps:
+    """Where each event's stamp goes in this CTA's record."""
+
+    def _start_trace(self, workspace, a16_base, tidx, bidx, grid) -> Int64:
+        """Reserve the grid's records before A (returns A's new base) and stamp the CTA's
+        start. The record is kept as its parts (a kernel parameter, the CTA index and the
+        grid): a 64-bit address held across the roles spilled."""
+        self._trace_parts = (workspace, bidx, grid)
+        self._stamp_cta(0, Int32(tidx == 0))
+        return a16_base + grid * TRACE_BYTES
+
+    def _trace_at(self, offset) -> Int64:
+        """Global address of byte `offset` of this CTA's record."""
+        workspace, bidx, grid = self._trace_parts
+        desc = self.desc_sets * tma.MAPS_PER_SET * tma.TENSORMAP_BYTES
+        return (workspace.toint() + Int64(self.header_bytes) + Int64(grid * desc)
+                + Int64(bidx * TRACE_BYTES + offset))
+
+    def _trace_tile(self, tile, bidx, grid, recorder) -> tuple:
+        """(record index of this CTA's tile, whether this thread records it): tiles past
+        TRACE_TILES share the last index and are not recorded."""
+        local = (tile - bidx) // grid
+        return (cutlass.min(local, Int32(TRACE_TILES - 1)),
+                Int32(recorder) & Int32(local < TRACE_TILES))
+
+    def _stamp_step(self, trace, kt, s: int, event: int) -> None:
+        index, rec = trace
+        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
+        slot = ((index * TRACE_STAGES + kt) * SUB_STEPS + s) * TRACE_STEP_EVENTS + event
+        stamp_clock(self._trace_at(slot * 8), rec)
+
+    def _stamp_stage(self, trace, kt, event: int) -> None:
+        index, rec = trace
+        kt = cutlass.min(kt, Int32(TRACE_STAGES - 1))
+        slot = (index * TRACE_STAGES + kt) * TRACE_STAGE_EVENTS + event
+        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + slot * 8), rec)
+
+    def _stamp_cta(self, event: int, rec) -> None:
+        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records."""
+        self._stamp_tile(Int32(TRACE_TILES), event, rec)
+
+    def _stamp_tile(self, index, event: int, rec) -> None:
+        slot = index * TRACE_TILE_EVENTS + event
+        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8), rec)
+
