@@ -160,6 +160,15 @@ def smem_bytes(config: Config) -> int:
     return 1024 + packed + scales + fp16
 
 
+# Options only the staged-A (a_fp16) data-parallel kernel has, each with the reason why.
+_STAGED_DATA_PARALLEL_ONLY = (
+    ("async_epilogue", "only the default staged-A consumer hands its tiles over"),
+    ("patch_ahead", "only the default staged-A producer looks ahead"),
+    ("stream_a", "only the default staged-A producer waits for streamed A"),
+    ("trace", "its record sits where stream-K's partial slots would"),
+)
+
+
 def check(config: Config) -> list[str]:
     """Reasons the config cannot be built; empty when it can."""
     reasons = []
@@ -195,27 +204,12 @@ def check(config: Config) -> list[str]:
                        "prefetching path)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
-    if not isinstance(config.async_epilogue, bool):
-        reasons.append(f"async_epilogue must be true or false, but got "
-                       f"{config.async_epilogue!r}")
-    elif config.async_epilogue and (config.a_fp16 is False or config.stream_k is True):
-        reasons.append("async_epilogue needs a_fp16: true and stream_k: false (only the default "
-                       "staged-A consumer hands its tiles over)")
-    if not isinstance(config.patch_ahead, bool):
-        reasons.append(f"patch_ahead must be true or false, but got {config.patch_ahead!r}")
-    elif config.patch_ahead and (config.a_fp16 is False or config.stream_k is True):
-        reasons.append("patch_ahead needs a_fp16: true and stream_k: false (only the default "
-                       "staged-A producer looks ahead)")
-    if not isinstance(config.stream_a, bool):
-        reasons.append(f"stream_a must be true or false, but got {config.stream_a!r}")
-    elif config.stream_a and (config.a_fp16 is False or config.stream_k is True):
-        reasons.append("stream_a needs a_fp16: true and stream_k: false (only the default "
-                       "staged-A producer waits for streamed A)")
-    if not isinstance(config.trace, bool):
-        reasons.append(f"trace must be true or false, but got {config.trace!r}")
-    elif config.trace and (config.a_fp16 is False or config.stream_k is True):
-        reasons.append("trace needs a_fp16: true and stream_k: false (its record sits where "
-                       "stream-K's partial slots would)")
+    for name, why in _STAGED_DATA_PARALLEL_ONLY:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            reasons.append(f"{name} must be true or false, but got {value!r}")
+        elif value and (config.a_fp16 is False or config.stream_k is True):
+            reasons.append(f"{name} needs a_fp16: true and stream_k: false ({why})")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

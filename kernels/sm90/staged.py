@@ -78,8 +78,7 @@ class StagedA:
         sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
                                                         num_groups)
         ws_base = workspace.toint()
-        a16_base = ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
-                                                    * tma.TENSORMAP_BYTES)
+        a16_base = self._past_descriptors(ws_base, grid)
         sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
         if cutlass.const_expr(self.config.stream_k):
             a16_base = a16_base + grid * self.sk_slot_bytes
@@ -97,6 +96,12 @@ class StagedA:
             self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
                                 prefix, desc_base, a16_base, sk_base, grid_barrier,
                                 total_tiles, num_groups, tidx, warp_idx, bidx, grid)
+
+    def _past_descriptors(self, ws_base, grid) -> Int64:
+        """Workspace address past the zeroed header and every CTA's descriptor sets, where the
+        stream-K slots or the trace records and then the fp16 A begin (runtime/plan.py)."""
+        return ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
+                                                     * tma.TENSORMAP_BYTES)
 
     @cute.jit
     def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
@@ -527,22 +532,16 @@ class StagedA:
         row_a = tile_m_idx * self.tile_m
         row_b = tile_n_idx * self.tile_n
         ready = Int32(0)
-        row_end = Int32(0)
+        wait = None  # stream_a: (progress, A row end, grid) for _stage_a_ready
         if cutlass.const_expr(streamed is not None):
             progress, ready, sizes, grid = streamed
-            row_end = self._row_end(sizes, group, row_a, m)
+            wait = (progress, self._row_end(sizes, group, row_a, m), grid)
         for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
-            if cutlass.const_expr(streamed is not None):
-                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
+            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         for kt in cutlass.range(kb + pre, ke, unroll=1):
             b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace)
-            if cutlass.const_expr(streamed is not None):
-                ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
+            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         return b_state, a_state, ready
 
@@ -631,6 +630,17 @@ class StagedA:
             pre = Int32(1)  # the next tile's first weight stage is on its way
             tile += grid
         return b_state, a_state
+
+    @cute.jit
+    def _stage_a_ready(self, wait, ready, kt, kb, trace) -> Int32:
+        """With stream_a (`wait` not None), wait until stage kt's A rows are staged (and in a
+        trace, stamp the first tile's first such wait); returns `ready` updated."""
+        if cutlass.const_expr(wait is not None):
+            progress, row_end, grid = wait
+            ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
+            if cutlass.const_expr(trace is not None):
+                self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
+        return ready
 
     @cute.jit
     def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import cutlass
 from cutlass import Int32, Int64
 
-from . import tma
 from .config import (TRACE_BYTES, TRACE_CONSUMER_BYTES, TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS,
                      TRACE_STAGES, TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES)
 from .ptx import stamp_clock
@@ -30,8 +29,7 @@ class TraceStamps:
     def _trace_at(self, offset) -> Int64:
         """Global address of byte `offset` of this CTA's record."""
         workspace, bidx, grid = self._trace_parts
-        desc = self.desc_sets * tma.MAPS_PER_SET * tma.TENSORMAP_BYTES
-        return (workspace.toint() + Int64(self.header_bytes) + Int64(grid * desc)
+        return (self._past_descriptors(workspace.toint(), grid)
                 + Int64(bidx * TRACE_BYTES + offset))
 
     def _trace_tile(self, tile, bidx, grid, recorder) -> tuple:
