@@ -66,12 +66,6 @@ class Config:
     # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
     # and at most LANE_GROUPS groups (check_groups).
     stream_a: bool = False
-    # With stream_a: the consumers convert their first tile's first weight stage of A (K_TILE
-    # columns, SUB_STEPS slots of the A ring) from NVFP4 straight into the ring while the first
-    # weights load (kernels/sm90/first_a.py), instead of waiting for the grid's first streaming
-    # iteration to be counted and a TMA load of the staged rows: that wait put a CTA's first
-    # wgmma 5-7 us after its start (bench/RESULTS.md, eleventh session).
-    first_a_local: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16 and without stream_k, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which bench/trace_run.py reads back. The default cubins are unchanged.
@@ -171,7 +165,6 @@ _STAGED_DATA_PARALLEL_ONLY = (
     ("async_epilogue", "only the default staged-A consumer hands its tiles over"),
     ("patch_ahead", "only the default staged-A producer looks ahead"),
     ("stream_a", "only the default staged-A producer waits for streamed A"),
-    ("first_a_local", "only the default staged-A consumer converts its first A"),
     ("trace", "its record sits where stream-K's partial slots would"),
 )
 
@@ -217,12 +210,6 @@ def check(config: Config) -> list[str]:
             reasons.append(f"{name} must be true or false, but got {value!r}")
         elif value and (config.a_fp16 is False or config.stream_k is True):
             reasons.append(f"{name} needs a_fp16: true and stream_k: false ({why})")
-    if config.first_a_local is True and config.stream_a is not True:
-        reasons.append("first_a_local needs stream_a: true (with the grid barrier the consumers "
-                       "start only once all of A is staged)")
-    if config.first_a_local is True and config.a_slots < K_TILE // SUB_K:
-        reasons.append(f"first_a_local needs a_slots >= {K_TILE // SUB_K} (the first weight "
-                       f"stage's A fills that many slots), but got {config.a_slots}")
     if config.a_fp16 and not config.w_regs:
         reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
     if not 2 <= config.a_slots <= 32:

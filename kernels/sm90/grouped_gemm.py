@@ -77,7 +77,6 @@ from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      TRACE_BYTES,
                      Config, c_tile_bytes, check, check_groups, scale_blocks, smem_bytes)
-from .first_a import FirstALocal
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap
@@ -96,8 +95,7 @@ _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, FirstALocal, StreamK, PerTileA, WeightFragments,
-                      TraceStamps):
+class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:

@@ -36,11 +36,7 @@ REGISTER_SPLITS = {3: (56, 152), 2: (56, 224)}
 # With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
 STREAM_A_SPLIT = (64, 144)
-# first_a_local's producer skips the first tile's first A stage in its tile loop, one more live
-# value than 64 registers hold (ptxas spilled 4 bytes); the consumers keep their 144.
-FIRST_A_LOCAL_SPLIT = (72, 144)
-for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT),
-                                     (3, FIRST_A_LOCAL_SPLIT)):
+for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT)):
     assert register_split_fits(_wgs, _producer, _consumer), (_wgs, _producer, _consumer)
 # The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
 # the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
@@ -202,7 +198,7 @@ class StagedA:
         warpgroups = self.consumer_threads // WARPGROUP
         if warpgroups == 3 or (warpgroups == 2 and self.tile_m == 256):
             if warpgroups == 3 and self.config.stream_a:
-                return FIRST_A_LOCAL_SPLIT if self.config.first_a_local else STREAM_A_SPLIT
+                return STREAM_A_SPLIT
             return REGISTER_SPLITS[warpgroups]
         return None
 
@@ -464,16 +460,6 @@ class StagedA:
         return a_state
 
     @cute.jit
-    def _skip_first_a(self, a_state) -> Any:
-        """first_a_local: the A ring slots of the first tile's first stage, which the
-        consumers fill and mark full themselves (first_a.py); the producer only moves past
-        them (they are the ring's first use, so there is no free slot to wait for). Returns
-        the advanced state, as _produce_a."""
-        for _ in cutlass.range_constexpr(SUB_STEPS):
-            a_state.advance()
-        return a_state
-
-    @cute.jit
     def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
                       prefix, desc_base, a16_base, total_tiles, bidx, grid,
                       progress=None) -> None:
@@ -550,13 +536,7 @@ class StagedA:
         if cutlass.const_expr(streamed is not None):
             progress, ready, sizes, grid = streamed
             wait = (progress, self._row_end(sizes, group, row_a, m), grid)
-        # first_a_local: the first tile's (pre > 0) first stage of A is the consumers'.
-        local = Int32(0)
-        if cutlass.const_expr(self.config.first_a_local):
-            local = cutlass.min(pre, 1)
-        for _ in cutlass.range(local, unroll=1):
-            a_state = self._skip_first_a(a_state)
-        for kt in cutlass.range(kb + local, kb + pre, unroll=1):  # weights already loaded
+        for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
             ready = self._stage_a_ready(wait, ready, kt, kb, trace)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
         for kt in cutlass.range(kb + pre, ke, unroll=1):
@@ -580,9 +560,6 @@ class StagedA:
         desc_set = Int32(0)
         ahead_set = Int32(0)  # the newest patched set and the group it holds (the prologue's)
         ahead_group = prev_group
-        if cutlass.const_expr(self.config.first_a_local):
-            for _ in cutlass.range(Int32(bidx < total_tiles), unroll=1):
-                a_state = self._skip_first_a(a_state)
         group, m, k = Int32(0), Int32(0), Int32(0)
         if bidx < total_tiles:
             group, m, _, k = self._group_of(bidx, group, prefix, sizes)
@@ -609,17 +586,11 @@ class StagedA:
             second = cutlass.min(stages - 1, 1) - cutlass.min(cutlass.max(pre - 1, 0), 1)
             for _ in cutlass.range(second, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, 1, row_b, trace)
-            if cutlass.const_expr(self.config.first_a_local):
-                # The first tile's first stage of A is the consumers' (skipped above).
-                for _ in cutlass.range(Int32(tile != bidx), unroll=1):
-                    ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
-                    a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
-            else:
-                if cutlass.const_expr(streamed is not None):
-                    ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
-                    if cutlass.const_expr(trace is not None):
-                        self._stamp_cta(4, trace[1] & Int32(trace[0] == 0))
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
+            if cutlass.const_expr(streamed is not None):
+                ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
+                if cutlass.const_expr(trace is not None):
+                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0))
+            a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
             # The look-ahead, now that the tile's first loads are out.
             next_group, nm, nk = group, m, k
             has_next = Int32(0)
@@ -776,8 +747,6 @@ class StagedA:
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                self.config.a_slots)
-        if cutlass.const_expr(self.config.first_a_local):
-            self._first_a_local(storage, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, ct)
         prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
