@@ -222,9 +222,9 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     # storers reach the C tile's first hand-over before the consumers, as without stream_a: a
     # racecheck probe of the hand-over, not a speed variant.
     "sa_storers_first": [
-        (STAGED, """                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+        (STAGED, """                self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-""", """                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+""", """                self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
                 cute.arch.barrier(barrier_id=7, number_of_threads=STORERS + self.consumer_threads)
 """),

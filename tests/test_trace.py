@@ -137,7 +137,7 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
     from builder.spec import load_spec
 
     spec = load_spec(ROOT / "bench" / "trace_ab.yaml", load_families("kernels.families"))
-    assert [s.name for s in spec.sets] == ["moe_down", "moe_down_one_tile", "dense_a"]
+    assert [s.name for s in spec.sets] == ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
     for s in spec.sets:
         assert list(s.groups) == trace_run.ALL_SETS[s.name]
         assert all(b.options_dict()["trace"] is True for b in s.builds)

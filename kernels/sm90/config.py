@@ -107,7 +107,8 @@ TRACE_TILE_EVENTS = 4
 # After the tiles' records, the CTA's own events (at most 16), in this order.
 TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's descriptors patched",
                     "first weight stage issued", "first A stage found staged",
-                    "stagers' first iteration counted")
+                    "stagers' first iteration counted", "stagers' tables read and scanned",
+                    "stagers' first chunks converted and stored", "stagers' first proxy fence")
 TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
 TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
 TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + 16) * 8

@@ -202,6 +202,14 @@ def ld_acquire_gpu_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
 
 
 @dsl_user_op
+def ld_relaxed_gpu_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """A strong (L1-bypassing) load without acquire's ordering: ptxas follows ld.acquire with
+    CCTL.IVALL, which waits for the load before the thread goes on."""
+    return _asm("ld.relaxed.gpu.global.u32 $0, [$1];", "=r,l", [_i64(addr, loc, ip)], loc, ip,
+                True)
+
+
+@dsl_user_op
 def atom_add_acq_rel_gpu_u32(addr: Any, value: Any, *, loc: Any = None,
                              ip: Any = None) -> Uint32:
     return _asm("atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r",

@@ -21,8 +21,9 @@ from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
 from .dequant import dequant_chunk
 from .fp4_bits import ACC_UNSCALE, permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
-                  ld_global_nc_u16, ld_global_nc_v4, ld_shared_v4, nanosleep, prefetch_tensormap,
-                  red_add_release_gpu_u32, select_bits, st_global_v4, st_relaxed_gpu_u32)
+                  ld_global_nc_u16, ld_global_nc_v4, ld_relaxed_gpu_u32, ld_shared_v4, nanosleep,
+                  prefetch_tensormap, red_add_release_gpu_u32, select_bits, st_global_v4,
+                  st_relaxed_gpu_u32)
 from .staging import (A_CHUNK_K, EPOCH_OFFSET, PAIR_SEND, PAIR_STORES, chunk_addresses,
                       pair_store_offset)
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
@@ -111,8 +112,12 @@ class StagedA:
         then store C tiles, the consumers start at once."""
         # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
         # this CTA happens before the stagers' first count, and CTA 0, which advances it only
-        # after every count, cannot make a CTA of this launch see the next launch's.
-        epoch = ld_acquire_gpu_u32(header + EPOCH_OFFSET)
+        # after every count (acquiring them), cannot make a CTA of this launch see the next
+        # launch's. That order comes from the barrier and the counts' release, so the read
+        # itself is relaxed: an acquire load made every thread wait for it (CCTL.IVALL) before
+        # the barrier, one round trip on every role's start.
+        epoch = ld_relaxed_gpu_u32(header + EPOCH_OFFSET)
+        lane_tables = self._stager_tables(sizes, ptrs, num_groups, tidx % 32)
         cute.arch.barrier()  # and the pipelines' mbarriers are initialized before any role waits
         split = self._register_split()
         if warp_idx < 4:
@@ -123,7 +128,7 @@ class StagedA:
                                         ptrs, prefix, desc_base, a16_base, header, epoch,
                                         total_tiles, bidx, grid, num_groups, tidx)
             else:
-                self._stage_streamed(sizes, ptrs, num_groups, a16_base,
+                self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
                 if cutlass.const_expr(self.config.async_epilogue):
                     self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,

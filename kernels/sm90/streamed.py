@@ -56,22 +56,30 @@ class StreamedA:
         return rows
 
     @cute.jit
-    def _stage_streamed(self, sizes, ptrs, num_groups, a16_base, bank, st, bidx,
+    def _stager_tables(self, sizes, ptrs, num_groups, lane) -> tuple:
+        """What lane g of a stager warp reads of group g (staged.py's _stage_chunks, with rows
+        instead of chunks): (k, A pointer, scale pointer, m). Read before the CTA's first
+        barrier, so these loads' round trip overlaps the barrier and the other roles' start."""
+        own = cutlass.min(lane, num_groups - 1)
+        return (sizes[0, tables.COL_K],  # one k for all groups (config.check_groups)
+                ptrs[own, tables.PTR_A], ptrs[own, tables.PTR_SFA], sizes[own, tables.COL_M])
+
+    @cute.jit
+    def _stage_streamed(self, lane_tables, num_groups, a16_base, bank, st, bidx,
                         grid) -> None:
         """Warps 1..3 (`st` 0..95): stage every group's A in K-slab order, STREAM_UNROLL chunks
         per thread per iteration (a grid-stride loop over the call's chunks); each warp counts
-        each iteration in `bank` of the progress header once its lanes have written it."""
+        each iteration in `bank` of the progress header once its lanes have written it.
+        `lane_tables`: _stager_tables of this lane."""
         lane = st % 32
-        # Lane g holds group g (staged.py's _stage_chunks, with rows instead of chunks): its
-        # rows [first_l, end_l) among all groups' rows, its A and scale pointers.
-        own = cutlass.min(lane, num_groups - 1)
-        k = sizes[0, tables.COL_K]  # one k for all groups (config.check_groups)
-        a_l = ptrs[own, tables.PTR_A]
-        sf_l = ptrs[own, tables.PTR_SFA]
-        m_l = sizes[own, tables.COL_M]
+        # Lane g holds group g: its rows [first_l, end_l) among all groups' rows, its A and
+        # scale pointers.
+        k, a_l, sf_l, m_l = lane_tables
         if lane >= num_groups:
             m_l = Int32(0)
         end_l, rows = self._lane_scan(m_l, lane)
+        if cutlass.const_expr(self.config.trace):
+            self._stamp_cta(6, Int32(st == 0))
         first_l = end_l - m_l
         per_row = k // A_CHUNK_K
         total = rows * per_row
@@ -100,8 +108,12 @@ class StreamedA:
                 dsts.append(dst)
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
+            if cutlass.const_expr(self.config.trace):
+                self._stamp_cta(7, Int32(it == 0) & Int32(st == 0))
             fence_proxy_async_global()
             cute.arch.sync_warp()
+            if cutlass.const_expr(self.config.trace):
+                self._stamp_cta(8, Int32(it == 0) & Int32(st == 0))
             if cute.arch.lane_idx() == 0:
                 red_add_release_gpu_u32(
                     bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
