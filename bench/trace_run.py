@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 import runtime  # noqa: E402
 from bench_grouped import ALL_SETS, input_sets  # noqa: E402
 from kernels.sm90.config import (K_TILE, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,  # noqa: E402
-                                 TRACE_CTA_EVENTS, TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS,
-                                 TRACE_STAGES, TRACE_STEP_EVENTS, TRACE_TILE_EVENTS,
-                                 TRACE_TILES)
+                                 TRACE_CTA_EVENTS, TRACE_GLOBAL_EVENTS, TRACE_PRODUCER_BYTES,
+                                 TRACE_STAGE_EVENTS, TRACE_STAGES, TRACE_STEP_EVENTS,
+                                 TRACE_TILE_EVENTS, TRACE_TILES)
 from runtime.plan import cta_prefix  # noqa: E402
 
 SUB_STEPS = K_TILE // SUB_K
@@ -59,6 +59,8 @@ def split_records(flat: torch.Tensor, grid: int) -> dict:
             grid, TRACE_TILES, TRACE_TILE_EVENTS),
         "cta": rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS:
                    p_end + TRACE_TILES * TRACE_TILE_EVENTS + len(TRACE_CTA_EVENTS)],
+        "global": {e: rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS + slot]
+                   for e, slot in TRACE_GLOBAL_EVENTS.items()},
         "start": rec[:, p_end + TRACE_TILES * TRACE_TILE_EVENTS],
     }
 
@@ -107,6 +109,25 @@ def phases(r: dict, cta: int, tiles: int, stages: int) -> dict[str, list[int]]:
     return out
 
 
+def across_ctas(r: dict) -> dict[str, float]:
+    """From the %globaltimer stamps (ns, one clock for all CTAs): how far apart the CTAs
+    start, when the last one counts its first streaming iteration, and how long a CTA waits
+    for the first A stage from its own start, which is bounded by the last count."""
+    start, found, counted = (r["global"][e] for e in (0, 4, 5))
+    live = start > 0
+    if not bool(live.any()) or not bool((counted[live] > 0).all()):
+        return {}  # a build without stream_a stamps no count
+    t0 = int(start[live].min())
+    out = {"CTA starts: last - first (ns)": int(start[live].max()) - t0,
+           "first A found staged, from the CTA's start: median (ns)":
+               statistics.median((found[live] - start[live]).tolist()),
+           "stagers' first count, from the CTA's start: median (ns)":
+               statistics.median((counted[live] - start[live]).tolist()),
+           "stagers' first count of the last CTA, from the first CTA's start (ns)":
+               int(counted[live].max()) - t0}
+    return out
+
+
 def summarize(r: dict, grid: int, tiles_per_cta: list[int], stages: int) -> dict[str, float]:
     """Median over CTAs (each CTA's own median first) of every phase."""
     per: dict[str, list[float]] = {}
@@ -146,6 +167,7 @@ def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
     stages = min(groups[0][2] // K_TILE, TRACE_STAGES)
     span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
     summary = summarize(r, grid, tiles_per_cta, stages)
+    summary.update(across_ctas(r))
     return {"set": name, "grid": grid, "tiles": tiles, "call_us": begin.elapsed_time(end) * 1e3,
             "span_cycles": span, "phases": summary}
 

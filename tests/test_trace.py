@@ -102,6 +102,23 @@ def test_the_decoder_reads_back_the_phases() -> None:
         "tile start: first step starts -> issued"))
 
 
+def test_the_globaltimer_stamps_compare_ctas() -> None:
+    grid = 3
+    r = trace_run.split_records(torch.zeros(grid * TRACE_BYTES // 8, dtype=torch.int64), grid)
+    assert trace_run.across_ctas(r) == {}  # nothing stamped (a build without stream_a)
+    g = r["global"]
+    # CTA starts (ns) 1000, 1100, 1040; first counts 3000, 3600, 3100; first A found 4000,
+    # 4300, 4040.
+    for cta, (start, count, found) in enumerate(((1000, 3000, 4000), (1100, 3600, 4300),
+                                                 (1040, 3100, 4040))):
+        g[0][cta], g[5][cta], g[4][cta] = start, count, found
+    assert trace_run.across_ctas(r) == {
+        "CTA starts: last - first (ns)": 100,
+        "first A found staged, from the CTA's start: median (ns)": 3000,
+        "stagers' first count, from the CTA's start: median (ns)": 2060,
+        "stagers' first count of the last CTA, from the first CTA's start (ns)": 2600}
+
+
 def test_ctas_without_a_start_stamp_are_skipped() -> None:
     grid, stages = 2, 1
     flat = _records(grid, stages, 1)

@@ -109,6 +109,11 @@ TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's d
                     "first weight stage issued", "first A stage found staged",
                     "stagers' first iteration counted", "stagers' tables read and scanned",
                     "stagers' first chunks converted and stored", "stagers' first proxy fence")
+# CTA events also stamped with %globaltimer (ns, comparable across CTAs: how far apart the CTAs
+# start, and when the last of them counts), event -> slot after TRACE_CTA_EVENTS.
+TRACE_GLOBAL_EVENTS = {0: len(TRACE_CTA_EVENTS), 4: len(TRACE_CTA_EVENTS) + 1,
+                       5: len(TRACE_CTA_EVENTS) + 2}
+assert len(TRACE_CTA_EVENTS) + len(TRACE_GLOBAL_EVENTS) <= 16
 TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
 TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
 TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + 16) * 8

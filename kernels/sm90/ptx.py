@@ -232,6 +232,15 @@ def stamp_clock(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> Non
 
 
 @dsl_user_op
+def stamp_globaltimer(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """stamp_clock with %globaltimer (nanoseconds, one clock for the whole GPU), so stamps of
+    different CTAs compare (Config.trace)."""
+    _asm("{\n.reg .pred p;\n.reg .u64 t;\nsetp.ne.u32 p, $1, 0;\nmov.u64 t, %globaltimer;\n"
+         "@p st.global.u64 [$0], t;\n}", "l,r", [_i64(addr, loc, ip), _ir(pred, loc, ip)],
+         loc, ip)
+
+
+@dsl_user_op
 def red_add_release_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
     _asm("red.release.gpu.global.add.u32 [$0], $1;", "l,r",
          [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)

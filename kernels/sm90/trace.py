@@ -9,9 +9,10 @@ from __future__ import annotations
 import cutlass
 from cutlass import Int32, Int64
 
-from .config import (TRACE_BYTES, TRACE_CONSUMER_BYTES, TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS,
-                     TRACE_STAGES, TRACE_STEP_EVENTS, TRACE_TILE_EVENTS, TRACE_TILES)
-from .ptx import stamp_clock
+from .config import (TRACE_BYTES, TRACE_CONSUMER_BYTES, TRACE_GLOBAL_EVENTS,
+                     TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES, TRACE_STEP_EVENTS,
+                     TRACE_TILE_EVENTS, TRACE_TILES)
+from .ptx import stamp_clock, stamp_globaltimer
 from .structure import SUB_STEPS
 
 
@@ -52,8 +53,14 @@ class TraceStamps:
         stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + slot * 8), rec)
 
     def _stamp_cta(self, event: int, rec) -> None:
-        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records."""
+        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records.
+        The events named in TRACE_GLOBAL_EVENTS also get a %globaltimer stamp in their own
+        slot, which compares across CTAs."""
         self._stamp_tile(Int32(TRACE_TILES), event, rec)
+        if event in TRACE_GLOBAL_EVENTS:
+            slot = TRACE_TILES * TRACE_TILE_EVENTS + TRACE_GLOBAL_EVENTS[event]
+            stamp_globaltimer(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES
+                                             + slot * 8), rec)
 
     def _stamp_tile(self, index, event: int, rec) -> None:
         slot = index * TRACE_TILE_EVENTS + event
