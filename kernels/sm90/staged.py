@@ -115,7 +115,8 @@ class StagedA:
         # after every count (acquiring them), cannot make a CTA of this launch see the next
         # launch's. That order comes from the barrier and the counts' release, so the read
         # itself is relaxed: an acquire load made every thread wait for it (CCTL.IVALL) before
-        # the barrier, one round trip on every role's start.
+        # the barrier (no measurable change on the H200 either way, bench/RESULTS.md, eleventh
+        # session).
         epoch = ld_relaxed_gpu_u32(header + EPOCH_OFFSET)
         lane_tables = self._stager_tables(sizes, ptrs, num_groups, tidx % 32)
         cute.arch.barrier()  # and the pipelines' mbarriers are initialized before any role waits
