@@ -584,18 +584,15 @@ class StagedA:
             d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
             row_a = tile_m_idx * self.tile_m
             row_b = tile_n_idx * self.tile_n
-            row_end = Int32(0)
+            wait = None  # stream_a: (progress, A row end, grid) for _stage_a_ready
             if cutlass.const_expr(streamed is not None):
                 progress, sizes_, grid_ = streamed
-                row_end = self._row_end(sizes_, group, row_a, m)
+                wait = (progress, self._row_end(sizes_, group, row_a, m), grid_)
             # Stage 0: the second weight stage unless the prologue loaded it, then the A.
             second = cutlass.min(stages - 1, 1) - cutlass.min(cutlass.max(pre - 1, 0), 1)
             for _ in cutlass.range(second, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, 1, row_b, trace)
-            if cutlass.const_expr(streamed is not None):
-                ready = self._wait_stage_a(progress, ready, row_end, 0, grid_)
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_cta(4, trace[1] & Int32(trace[0] == 0))
+            ready = self._stage_a_ready(wait, ready, 0, 0, trace)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
             # The look-ahead, now that the tile's first loads are out.
             next_group, nm, nk = group, m, k
@@ -614,22 +611,19 @@ class StagedA:
             # Stages 1..: A only while the next weight stage is the prologue's, then each
             # weight stage one ahead of its A, the next tile's first, and the last A.
             for kt in cutlass.range(1, pre - 1, unroll=1):
-                if cutlass.const_expr(streamed is not None):
-                    ready = self._wait_stage_a(progress, ready, row_end, kt, grid_)
+                ready = self._stage_a_ready(wait, ready, kt, 0, None)
                 a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
             for kt in cutlass.range(cutlass.max(pre - 1, 1), stages - 1, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt + 1, row_b,
                                           trace)
-                if cutlass.const_expr(streamed is not None):
-                    ready = self._wait_stage_a(progress, ready, row_end, kt, grid_)
+                ready = self._stage_a_ready(wait, ready, kt, 0, None)
                 a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
             for _ in cutlass.range(has_next, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, self._desc(ws, bidx, ahead_set, OP_B),
                                           self._desc(ws, bidx, ahead_set, OP_SFB), storage, 0,
                                           next_tile_n * self.tile_n)
             for _ in cutlass.range(cutlass.min(stages - 1, 1), unroll=1):  # stages >= 2
-                if cutlass.const_expr(streamed is not None):
-                    ready = self._wait_stage_a(progress, ready, row_end, stages - 1, grid_)
+                ready = self._stage_a_ready(wait, ready, stages - 1, 0, None)
                 a_state = self._produce_a(a_pipe, a_state, d_a, storage, stages - 1, row_a,
                                           trace)
             group, m, k = next_group, nm, nk
