@@ -764,16 +764,10 @@ class StagedA:
                 if tile + grid < total_tiles:
                     next_group, next_k, next_row0 = self._consumer_tile(tile + grid, group,
                                                                         prefix, sizes)
-                trace = None
-                if cutlass.const_expr(self.config.trace):
-                    trace = self._trace_tile(tile, bidx, grid, ct == 0)
-                    self._stamp_tile(trace[0], 0, trace[1])
-                b_state, a_state, prev_slot = self._k_loop(
+                b_state, a_state, prev_slot, trace = self._tile_k_loop(
                     tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct,
-                    trace)
-                if cutlass.const_expr(self.config.trace):
-                    self._stamp_tile(trace[0], 1, trace[1])
+                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
+                    ct)
                 self._hand_over_tile(acc, coords, storage, trace)
                 group, k, scale_row0 = next_group, next_k, next_row0
                 tile += grid
@@ -783,19 +777,30 @@ class StagedA:
                 tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
                 # The tile's first weight row within its 128-row scale block (0 unless 192).
                 scale_row0 = (tile_n_idx * self.tile_n) % 128
-                trace = None
-                if cutlass.const_expr(self.config.trace):
-                    trace = self._trace_tile(tile, bidx, grid, ct == 0)
-                    self._stamp_tile(trace[0], 0, trace[1])
-                b_state, a_state, prev_slot = self._k_loop(
+                b_state, a_state, prev_slot, trace = self._tile_k_loop(
                     tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct,
-                    trace)
-                if cutlass.const_expr(self.config.trace):
-                    self._stamp_tile(trace[0], 1, trace[1])
+                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
+                    ct)
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                                  tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
                 tile += grid
+
+    @cute.jit
+    def _tile_k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b,
+                     scale_b, b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0,
+                     bidx, grid, ct) -> tuple:
+        """A data-parallel consumer's whole tile (_k_loop over its k), with a trace's tile
+        start and K-loop end stamped; returns _k_loop's results and the tile's trace handle."""
+        trace = None
+        if cutlass.const_expr(self.config.trace):
+            trace = self._trace_tile(tile, bidx, grid, ct == 0)
+            self._stamp_tile(trace[0], 0, trace[1])
+        b_state, a_state, prev_slot = self._k_loop(
+            tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
+            a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct, trace)
+        if cutlass.const_expr(self.config.trace):
+            self._stamp_tile(trace[0], 1, trace[1])
+        return b_state, a_state, prev_slot, trace
 
     @cute.jit
     def _consumer_tile(self, tile, group, prefix, sizes) -> tuple:
