@@ -523,6 +523,23 @@ class StagedA:
         return desc_set, prev_group
 
     @cute.jit
+    def _tile_loads(self, ws, bidx, desc_set, tile, group, prefix, m, streamed=None) -> tuple:
+        """What a tile's loads need: the B, A and weight-scale descriptors of set `desc_set`,
+        the tile's first A row and weight row, and with stream_a (`streamed` = (progress,
+        sizes, grid)) the (progress, A row end, grid) wait for _stage_a_ready, else None."""
+        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+        d_b = self._desc(ws, bidx, desc_set, OP_B)
+        d_a = self._desc(ws, bidx, desc_set, OP_A)
+        d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
+        row_a = tile_m_idx * self.tile_m
+        row_b = tile_n_idx * self.tile_n
+        wait = None
+        if cutlass.const_expr(streamed is not None):
+            progress, sizes, grid = streamed
+            wait = (progress, self._row_end(sizes, group, row_a, m), grid)
+        return d_b, d_a, d_sfb, row_a, row_b, wait
+
+    @cute.jit
     def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
                        tile, group, prefix, m, kb, pre, ke, streamed=None, trace=None) -> tuple:
         """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
@@ -531,17 +548,13 @@ class StagedA:
         the advanced pipeline states and `ready` (the caller rebinds them, as _produce_b's).
         With stream_a, `streamed` is (progress, ready, sizes, grid) and each stage's A waits
         until it is staged (streamed.py); without it `ready` stays 0."""
-        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-        d_b = self._desc(ws, bidx, desc_set, OP_B)
-        d_a = self._desc(ws, bidx, desc_set, OP_A)
-        d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
-        row_a = tile_m_idx * self.tile_m
-        row_b = tile_n_idx * self.tile_n
         ready = Int32(0)
-        wait = None  # stream_a: (progress, A row end, grid) for _stage_a_ready
+        parts = None
         if cutlass.const_expr(streamed is not None):
             progress, ready, sizes, grid = streamed
-            wait = (progress, self._row_end(sizes, group, row_a, m), grid)
+            parts = (progress, sizes, grid)
+        d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, bidx, desc_set, tile, group,
+                                                               prefix, m, parts)
         for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
             ready = self._stage_a_ready(wait, ready, kt, kb, trace)
             a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
@@ -578,16 +591,8 @@ class StagedA:
                 desc_set = ahead_set  # patched while the previous tile loaded
                 prev_group = group
             stages = k // K_TILE
-            tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-            d_b = self._desc(ws, bidx, desc_set, OP_B)
-            d_a = self._desc(ws, bidx, desc_set, OP_A)
-            d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
-            row_a = tile_m_idx * self.tile_m
-            row_b = tile_n_idx * self.tile_n
-            wait = None  # stream_a: (progress, A row end, grid) for _stage_a_ready
-            if cutlass.const_expr(streamed is not None):
-                progress, sizes_, grid_ = streamed
-                wait = (progress, self._row_end(sizes_, group, row_a, m), grid_)
+            d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, bidx, desc_set, tile,
+                                                                   group, prefix, m, streamed)
             # Stage 0: the second weight stage unless the prologue loaded it, then the A.
             second = cutlass.min(stages - 1, 1) - cutlass.min(cutlass.max(pre - 1, 0), 1)
             for _ in cutlass.range(second, unroll=1):
