@@ -232,6 +232,13 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
             fields = {
                 "mbar": cute.struct.MemRange[Int64, stages * 2],
                 "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
+            }
+            if cutlass.const_expr(self.config.async_epilogue):
+                # The storers' look-ahead for the consumers: (k, first scale row) of the tile
+                # after the one being handed over. Inside the barriers' first KiB, so the size
+                # is config.smem_bytes's.
+                fields["next_tile"] = cute.struct.MemRange[Int32, 2]
+            fields |= {
                 "packed_b": cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
                 "scale_b": cute.struct.Align[

@@ -694,15 +694,18 @@ class StagedA:
                 pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
 
     @cute.jit
-    def _hand_over_tile(self, acc, coords, storage, trace=None) -> None:
+    def _hand_over_tile(self, acc, coords, storage, trace=None) -> tuple:
         """async_epilogue, consumers: wait until the storers have copied out the previous
         tile, write this one (fp16, unscaled) into the shared C tile, and signal it full; the
-        storers copy it out while the next tile's steps run."""
+        storers copy it out while the next tile's steps run. Returns the next tile's (k, first
+        scale row), which the storers posted before the first barrier (_store_tiles)."""
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
         if cutlass.const_expr(trace is not None):
             self._stamp_tile(trace[0], 2, trace[1])
+        posted = self._next_tile_post(storage)
+        next_k, next_row0 = posted[0], posted[1]
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
             c_tile[a_row, b_row] = Float16(acc[i] * Float32(ACC_UNSCALE))
@@ -711,6 +714,24 @@ class StagedA:
         c_full.arrive_and_wait()
         if cutlass.const_expr(trace is not None):
             self._stamp_tile(trace[0], 3, trace[1])
+        return next_k, next_row0
+
+    def _next_tile_post(self, storage) -> cute.Tensor:
+        """async_epilogue: the storers' post of the consumers' next tile, (k, first scale
+        row)."""
+        return storage.next_tile.get_tensor(cute.make_layout(2))
+
+    @cute.jit
+    def _post_next_tile(self, storage, tile, group, prefix, sizes, total_tiles, st) -> Int32:
+        """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
+        tile); returns the group walked to (tiles only increase)."""
+        if tile < total_tiles:
+            group, k, row0 = self._consumer_tile(tile, group, prefix, sizes)
+            if st == 0:
+                posted = self._next_tile_post(storage)
+                posted[0] = k
+                posted[1] = row0
+        return group
 
     @cute.jit
     def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
@@ -722,6 +743,13 @@ class StagedA:
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
         vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
+        # The consumers' look-ahead: each hand-over reads the (k, first scale row) of their tile
+        # after next, which the storers walk to while they wait and post between the
+        # hand-over's two barriers (the consumers read it after the first, the storers write
+        # the next one after the second), so no consumer walks the group table between tiles
+        # (bench/RESULTS.md, eleventh session).
+        ahead = self._post_next_tile(storage, bidx + grid, Int32(0), prefix, sizes, total_tiles,
+                                     st)
         c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         group = Int32(0)
         tile = bidx
@@ -732,6 +760,8 @@ class StagedA:
             col0 = tile_n_idx * self.tile_n
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
+            ahead = self._post_next_tile(storage, tile + 2 * grid, ahead, prefix, sizes,
+                                         total_tiles, st)
             for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8
@@ -756,25 +786,19 @@ class StagedA:
         group = Int32(0)
         tile = bidx
         if cutlass.const_expr(self.config.async_epilogue):
-            # The storers write C, so a tile's group, k and scale row are all the consumers
-            # need, and they are read one tile ahead: the table walk's dependent loads then
-            # overlap a tile instead of delaying the next one's start (bench/RESULTS.md, tenth
-            # session).
+            # The storers write C, so a tile's k and scale row are all the consumers need:
+            # they walk the group table for their first tile only, and each hand-over brings
+            # the next tile's from the storers (_store_tiles).
             k = Int32(0)
             scale_row0 = Int32(0)
             if tile < total_tiles:
                 group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
             while tile < total_tiles:
-                next_group, next_k, next_row0 = group, k, scale_row0
-                if tile + grid < total_tiles:
-                    next_group, next_k, next_row0 = self._consumer_tile(tile + grid, group,
-                                                                        prefix, sizes)
                 b_state, a_state, prev_slot, trace = self._tile_k_loop(
                     tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
                     b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
                     ct)
-                self._hand_over_tile(acc, coords, storage, trace)
-                group, k, scale_row0 = next_group, next_k, next_row0
+                k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
                 tile += grid
         else:
             while tile < total_tiles:
