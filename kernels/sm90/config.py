@@ -101,10 +101,11 @@ TRACE_STEP_EVENTS = 4
 # Per weight stage of the producer: weight slot free, weights issued, then each A slot free
 # and issued (K_TILE // SUB_K of them).
 TRACE_STAGE_EVENTS = 2 + K_TILE // SUB_K
-# Per tile (consumers): tile start, K loop retired, C tile free, C tile handed over; then one
-# record for the CTA: its start (thread 0).
+# Per tile (consumers): tile start, K loop retired, C tile free, C tile handed over.
 TRACE_TILE_EVENTS = 4
-# After the tiles' records, the CTA's own events (at most 16), in this order.
+# After the tiles' records, TRACE_CTA_SLOTS stamps of the CTA's own: its events, in this order
+# (the first is the CTA's start, by thread 0), then the %globaltimer ones below.
+TRACE_CTA_SLOTS = 16
 TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's descriptors patched",
                     "first weight stage issued", "first A stage found staged",
                     "stagers' first iteration counted", "stagers' tables read and scanned",
@@ -113,10 +114,10 @@ TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's d
 # start, and when the last of them counts), event -> slot after TRACE_CTA_EVENTS.
 TRACE_GLOBAL_EVENTS = {0: len(TRACE_CTA_EVENTS), 4: len(TRACE_CTA_EVENTS) + 1,
                        5: len(TRACE_CTA_EVENTS) + 2}
-assert len(TRACE_CTA_EVENTS) + len(TRACE_GLOBAL_EVENTS) <= 16
+assert len(TRACE_CTA_EVENTS) + len(TRACE_GLOBAL_EVENTS) <= TRACE_CTA_SLOTS
 TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
 TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
-TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + 16) * 8
+TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + TRACE_CTA_SLOTS) * 8
 TRACE_BYTES = TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + TRACE_TILE_BYTES
 
 

@@ -75,8 +75,8 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     TRACE_BYTES,
-                     Config, c_tile_bytes, check, check_groups, scale_blocks, smem_bytes)
+                     TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
+                     smem_bytes)
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
 from .ptx import trap

@@ -222,22 +222,25 @@ def st_relaxed_gpu_u32(addr: Any, value: Any, *, loc: Any = None, ip: Any = None
          loc, ip)
 
 
+def _stamp(register: str, addr: Any, pred: Any, loc: Any, ip: Any) -> None:
+    """Store the 64-bit special register at a global address when `pred` is non-zero.
+    Predicated inside the asm, so a caller in the K loop adds no branch next to its wgmma."""
+    _asm("{\n.reg .pred p;\n.reg .u64 t;\nsetp.ne.u32 p, $1, 0;\nmov.u64 t, " + register
+         + ";\n@p st.global.u64 [$0], t;\n}", "l,r", [_i64(addr, loc, ip), _ir(pred, loc, ip)],
+         loc, ip)
+
+
 @dsl_user_op
 def stamp_clock(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
-    """Store this SM's %clock64 at a global address when `pred` is non-zero (Config.trace).
-    Predicated inside the asm, so a caller in the K loop adds no branch next to its wgmma."""
-    _asm("{\n.reg .pred p;\n.reg .u64 t;\nsetp.ne.u32 p, $1, 0;\nmov.u64 t, %clock64;\n"
-         "@p st.global.u64 [$0], t;\n}", "l,r", [_i64(addr, loc, ip), _ir(pred, loc, ip)],
-         loc, ip)
+    """Store this SM's %clock64 at a global address when `pred` is non-zero (Config.trace)."""
+    _stamp("%clock64", addr, pred, loc, ip)
 
 
 @dsl_user_op
 def stamp_globaltimer(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
     """stamp_clock with %globaltimer (nanoseconds, one clock for the whole GPU), so stamps of
     different CTAs compare (Config.trace)."""
-    _asm("{\n.reg .pred p;\n.reg .u64 t;\nsetp.ne.u32 p, $1, 0;\nmov.u64 t, %globaltimer;\n"
-         "@p st.global.u64 [$0], t;\n}", "l,r", [_i64(addr, loc, ip), _ir(pred, loc, ip)],
-         loc, ip)
+    _stamp("%globaltimer", addr, pred, loc, ip)
 
 
 @dsl_user_op

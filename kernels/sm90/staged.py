@@ -743,11 +743,11 @@ class StagedA:
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
         vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
-        # The consumers' look-ahead: each hand-over reads the (k, first scale row) of their tile
-        # after next, which the storers walk to while they wait and post between the
-        # hand-over's two barriers (the consumers read it after the first, the storers write
-        # the next one after the second), so no consumer walks the group table between tiles
-        # (bench/RESULTS.md, eleventh session).
+        # The consumers' look-ahead: the hand-over of tile t brings the (k, first scale row) of
+        # their next tile, t + grid. The storers post it one hand-over earlier: t + grid before
+        # the first hand-over, then t + 2 grid after each hand-over's second barrier (the
+        # consumers read the post after the first), so no consumer walks the group table
+        # between tiles (bench/RESULTS.md, eleventh session).
         ahead = self._post_next_tile(storage, bidx + grid, Int32(0), prefix, sizes, total_tiles,
                                      st)
         c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty

@@ -59,10 +59,12 @@ class TraceStamps:
         self._stamp_tile(Int32(TRACE_TILES), event, rec)
         if event in TRACE_GLOBAL_EVENTS:
             slot = TRACE_TILES * TRACE_TILE_EVENTS + TRACE_GLOBAL_EVENTS[event]
-            stamp_globaltimer(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES
-                                             + slot * 8), rec)
+            stamp_globaltimer(self._tile_record_at(slot), rec)
 
     def _stamp_tile(self, index, event: int, rec) -> None:
-        slot = index * TRACE_TILE_EVENTS + event
-        stamp_clock(self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8), rec)
+        stamp_clock(self._tile_record_at(index * TRACE_TILE_EVENTS + event), rec)
+
+    def _tile_record_at(self, slot) -> Int64:
+        """Address of stamp `slot` of the tiles' and the CTA's part of the record."""
+        return self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8)
 
