@@ -47,7 +47,8 @@ class Config:
     a_slots: int = 8
     # With a_fp16: load each 64-K step's weight words from shared memory one step early, before
     # the previous step's waits and wgmma issue, instead of at the head of the step's
-    # conversion chain. 1-2% slower on the H200 (bench/RESULTS.md, 2026-11-30, fifth session).
+    # conversion chain. 1-2% slower on the H200 in the fifth session; since the twelfth, 3-4%
+    # faster on dense_a (112 x 128), and still slower on moe_down (bench/RESULTS.md).
     w_prefetch: bool = False
     # With a_fp16: the tiles past the last full wave are split by K across all CTAs (stream-K,
     # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it lost
