@@ -480,18 +480,15 @@ class StagedA:
         prev_group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
-        group = Int32(0)
-        desc_set = Int32(0)
-        # patch_ahead: the newest patched set and the group it holds (set 0: the prologue's).
-        ahead_set = Int32(0)
-        ahead_group = prev_group
-        ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
-        streamed = None if progress is None else (progress, sizes, grid)
         if cutlass.const_expr(self.config.patch_ahead):
             b_state, a_state = self._producer_tiles_ahead(
                 atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
-                a16_base, total_tiles, bidx, grid, pre, prev_group, streamed)
+                a16_base, total_tiles, bidx, grid, pre, prev_group,
+                None if progress is None else (progress, sizes, grid))
         else:
+            group = Int32(0)
+            desc_set = Int32(0)
+            ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
             tile = bidx
             while tile < total_tiles:
                 group, m, n, k = self._group_of(tile, group, prefix, sizes)
