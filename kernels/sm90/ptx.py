@@ -285,3 +285,11 @@ def ld_global_cg_v4_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple:
     )
     return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
+
+
+@dsl_user_op
+def cp_async_cg_16(smem_addr: Any, gmem_addr: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """16-byte cp.async from global memory (through L2 only) to a 32-bit shared address
+    (bench/first_load.py: every load in flight, then one wait for all of them)."""
+    _asm("cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
+         [_ir(smem_addr, loc, ip), _i64(gmem_addr, loc, ip)], loc, ip)

@@ -1,0 +1,163 @@
+"""How long the memory system takes to serve a kernel's first loads, with nothing else running.
+
+Every CTA of the GEMM waits 5-8K cycles for its first data at the kernel's start (bench/
+RESULTS.md, "Where the first tile goes"). This measures that floor on its own: a kernel of 132
+CTAs x 128 threads whose threads each issue all their 16-byte loads at once (BYTES_PER_CTA
+per CTA, from inputs rotated so they do not sit in L2, or from one L2-warm buffer), then the
+CTA's thread 0 stamps %clock64 and %globaltimer after a CTA barrier. It prints, per size and
+mode, medians over launches of the median and the slowest CTA's start-to-data time.
+
+    python bench/first_load.py build --out .first_load        # CPU machine, nvidia-cutlass-dsl
+    PYTHONPATH=. python bench/first_load.py run --dir .first_load   # GPU machine, no cutlass
+"""
+
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+CTAS, THREADS = 132, 128
+# 16-byte loads per thread: 4 KiB, 50 KiB (about one weight stage plus one A slot per CTA, as
+# the GEMM's first step needs) and 200 KiB (about what the GEMM's CTAs request at once).
+VECS = (2, 25, 100)
+STAMPS = 4  # per CTA: clock at start, clock after the loads, globaltimer at both
+
+
+def _compile(vecs: int) -> tuple[bytes, str]:
+    """Cubin and kernel symbol of the first-load kernel for `vecs` loads per thread."""
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    from cutlass import Int64, Uint8, Uint32, cute
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kernels.sm90.ptx import cp_async_cg_16, stamp_clock, stamp_globaltimer
+
+    class FirstLoad:
+        @cute.jit
+        def __call__(self, src: cute.Pointer, out: cute.Pointer) -> None:
+            self.kernel(src, out).launch(grid=(CTAS, 1, 1), block=(THREADS, 1, 1),
+                                         smem=vecs * THREADS * 16)
+
+        @cute.kernel
+        def kernel(self, src: cute.Pointer, out: cute.Pointer) -> None:
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            record = out.toint() + Int64(bidx) * (STAMPS * 8)
+            first = Uint32(tidx == 0)
+            stamp_clock(record, first)
+            stamp_globaltimer(record + 16, first)
+            base = src.toint() + Int64(bidx) * (vecs * THREADS * 16) + Int64(tidx) * 16
+            # Every copy issued before one wait for all of them: one round trip, not several
+            # (register loads let ptxas consume, and so wait for, the first ones between later
+            # issues). cp.async into shared memory, as the GEMM's TMA loads land there.
+            smem = cute.arch.get_dyn_smem(Uint8, alignment=128).toint() + tidx * 16
+            for i in range(vecs):
+                cp_async_cg_16(smem + i * THREADS * 16, base + i * THREADS * 16)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.barrier()
+            stamp_clock(record + 8, first)
+            stamp_globaltimer(record + 24, first)
+
+    ptr = cute.runtime.make_ptr(cutlass.Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
+    with tempfile.TemporaryDirectory() as dump:
+        compiled = cute.compile(FirstLoad(), ptr, ptr,
+                                options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+        symbols = list(compiled.kernel_info)
+        return compiled.__cubin__, symbols[0]
+
+
+@click.group()
+def cli() -> None:
+    """Build (CPU) or run (GPU) the first-load measurement."""
+
+
+@cli.command()
+@click.option("--out", type=click.Path(file_okay=False), default=".first_load", show_default=True)
+def build(out: str) -> None:
+    """Compile one kernel per load count into OUT, with an index of their symbols."""
+    dest = Path(out)
+    dest.mkdir(parents=True, exist_ok=True)
+    index = {}
+    for vecs in VECS:
+        cubin, symbol = _compile(vecs)
+        name = f"first_load_{vecs}.cubin"
+        (dest / name).write_bytes(cubin)
+        index[str(vecs)] = {"cubin": name, "symbol": symbol}
+        click.echo(f"{name}: {symbol}, {vecs * THREADS * 16} bytes per CTA")
+    (dest / "index.json").write_text(json.dumps(index, indent=1))
+
+
+@cli.command()
+@click.option("--dir", "src_dir", type=click.Path(exists=True, file_okay=False),
+              default=".first_load", show_default=True)
+@click.option("--launches", default=40, show_default=True)
+@click.option("--rotate-mib", default=512, show_default=True,
+              help="bytes of input buffers cycled through in the cold mode (L2 is 50 MiB)")
+def run(src_dir: str, launches: int, rotate_mib: int) -> None:
+    """Launch each kernel alone (synchronized), cold and L2-warm, and print the table."""
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context, current on this thread
+    index = json.loads((Path(src_dir) / "index.json").read_text())
+    out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
+    rows = []
+    for vecs, entry in index.items():
+        vecs = int(vecs)
+        err, module = driver.cuModuleLoadData((Path(src_dir) / entry["cubin"]).read_bytes())
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        err, function = driver.cuModuleGetFunction(module, entry["symbol"].encode())
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        smem = vecs * THREADS * 16
+        err, = driver.cuFuncSetAttribute(
+            function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        per_call = CTAS * vecs * THREADS * 16
+        rotate = max(2, -(-rotate_mib * 2**20 // per_call))
+        buffers = [torch.zeros(per_call, dtype=torch.uint8, device="cuda")
+                   for _ in range(rotate)]
+        stream = torch.cuda.current_stream().cuda_stream
+        for mode in ("cold", "warm"):
+            medians, slowest, ns_medians, rates = [], [], [], []
+            for i in range(launches + 2):
+                src = buffers[i % rotate] if mode == "cold" else buffers[0]
+                params = ((src.data_ptr(), out.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
+                torch.cuda.synchronize()
+                err, = driver.cuLaunchKernel(function, CTAS, 1, 1, THREADS, 1, 1, smem, stream,
+                                             params, 0)
+                assert err == driver.CUresult.CUDA_SUCCESS, err
+                torch.cuda.synchronize()
+                if i < 2:
+                    continue  # the first launches also pay the module's load
+                stamps = out.view(CTAS, STAMPS).cpu().tolist()
+                cycles = sorted(s[1] - s[0] for s in stamps)
+                ns = sorted(s[3] - s[2] for s in stamps)
+                medians.append(cycles[CTAS // 2])
+                slowest.append(cycles[-1])
+                ns_medians.append(ns[CTAS // 2])
+                rates.append(sum(s[1] - s[0] for s in stamps) / max(1, sum(ns)))
+            rows.append((vecs * THREADS * 16, mode, statistics.median(medians),
+                         statistics.median(slowest), statistics.median(ns_medians),
+                         statistics.median(rates)))
+        del buffers
+        driver.cuModuleUnload(module)
+    print(f"{torch.cuda.get_device_name()}, {CTAS} CTAs x {THREADS} threads, medians over "
+          f"{launches} launches")
+    print(f"{'bytes/CTA':>9} {'mode':>5} {'median CTA cyc':>14} {'slowest CTA cyc':>15} "
+          f"{'median CTA ns':>13} {'GHz':>5}")
+    for b, mode, med, slow, ns, rate in rows:
+        print(f"{b:>9} {mode:>5} {med:>14.0f} {slow:>15.0f} {ns:>13.0f} {rate:>5.2f}")
+
+
+if __name__ == "__main__":
+    cli()
