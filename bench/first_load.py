@@ -2,10 +2,11 @@
 
 Every CTA of the GEMM waits 5-8K cycles for its first data at the kernel's start (bench/
 RESULTS.md, "Where the first tile goes"). This measures that floor on its own: a kernel of 132
-CTAs x 128 threads whose threads each issue all their 16-byte loads at once (BYTES_PER_CTA
-per CTA, from inputs rotated so they do not sit in L2, or from one L2-warm buffer), then the
-CTA's thread 0 stamps %clock64 and %globaltimer after a CTA barrier. It prints, per size and
-mode, medians over launches of the median and the slowest CTA's start-to-data time.
+CTAs x 128 threads whose threads each issue all their 16-byte cp.async copies into shared
+memory at once (4, 50 or 200 KiB per CTA, from inputs rotated so they do not sit in L2, or
+from one L2-warm buffer), wait for all of them, and after a CTA barrier thread 0 stamps
+%clock64 and %globaltimer. It prints, per size and mode, medians over launches of the median
+and the slowest CTA's start-to-data time.
 
     python bench/first_load.py build --out .first_load        # CPU machine, nvidia-cutlass-dsl
     PYTHONPATH=. python bench/first_load.py run --dir .first_load   # GPU machine, no cutlass
@@ -28,6 +29,11 @@ VECS = (2, 25, 100)
 STAMPS = 4  # per CTA: clock at start, clock after the loads, globaltimer at both
 
 
+def cta_bytes(vecs: int) -> int:
+    """Bytes one CTA loads (and holds in shared memory) with `vecs` copies per thread."""
+    return vecs * THREADS * 16
+
+
 def _compile(vecs: int) -> tuple[bytes, str]:
     """Cubin and kernel symbol of the first-load kernel for `vecs` loads per thread."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
@@ -41,7 +47,7 @@ def _compile(vecs: int) -> tuple[bytes, str]:
         @cute.jit
         def __call__(self, src: cute.Pointer, out: cute.Pointer) -> None:
             self.kernel(src, out).launch(grid=(CTAS, 1, 1), block=(THREADS, 1, 1),
-                                         smem=vecs * THREADS * 16)
+                                         smem=cta_bytes(vecs))
 
         @cute.kernel
         def kernel(self, src: cute.Pointer, out: cute.Pointer) -> None:
@@ -51,7 +57,7 @@ def _compile(vecs: int) -> tuple[bytes, str]:
             first = Uint32(tidx == 0)
             stamp_clock(record, first)
             stamp_globaltimer(record + 16, first)
-            base = src.toint() + Int64(bidx) * (vecs * THREADS * 16) + Int64(tidx) * 16
+            base = src.toint() + Int64(bidx) * cta_bytes(vecs) + Int64(tidx) * 16
             # Every copy issued before one wait for all of them: one round trip, not several
             # (register loads let ptxas consume, and so wait for, the first ones between later
             # issues). cp.async into shared memory, as the GEMM's TMA loads land there.
@@ -89,7 +95,7 @@ def build(out: str) -> None:
         name = f"first_load_{vecs}.cubin"
         (dest / name).write_bytes(cubin)
         index[str(vecs)] = {"cubin": name, "symbol": symbol}
-        click.echo(f"{name}: {symbol}, {vecs * THREADS * 16} bytes per CTA")
+        click.echo(f"{name}: {symbol}, {cta_bytes(vecs)} bytes per CTA")
     (dest / "index.json").write_text(json.dumps(index, indent=1))
 
 
@@ -106,6 +112,8 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
     import torch
     from cuda.bindings import driver
 
+    from runtime.cuda import check
+
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # the primary context, current on this thread
     index = json.loads((Path(src_dir) / "index.json").read_text())
@@ -113,16 +121,15 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
     rows = []
     for vecs, entry in index.items():
         vecs = int(vecs)
-        err, module = driver.cuModuleLoadData((Path(src_dir) / entry["cubin"]).read_bytes())
-        assert err == driver.CUresult.CUDA_SUCCESS, err
-        err, function = driver.cuModuleGetFunction(module, entry["symbol"].encode())
-        assert err == driver.CUresult.CUDA_SUCCESS, err
-        smem = vecs * THREADS * 16
-        err, = driver.cuFuncSetAttribute(
+        module = check(driver.cuModuleLoadData((Path(src_dir) / entry["cubin"]).read_bytes()),
+                       "cuModuleLoadData")
+        function = check(driver.cuModuleGetFunction(module, entry["symbol"].encode()),
+                         "cuModuleGetFunction")
+        smem = cta_bytes(vecs)
+        check(driver.cuFuncSetAttribute(
             function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem)
-        assert err == driver.CUresult.CUDA_SUCCESS, err
-        per_call = CTAS * vecs * THREADS * 16
+            smem), "cuFuncSetAttribute")
+        per_call = CTAS * smem
         rotate = max(2, -(-rotate_mib * 2**20 // per_call))
         buffers = [torch.zeros(per_call, dtype=torch.uint8, device="cuda")
                    for _ in range(rotate)]
@@ -133,9 +140,8 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
                 src = buffers[i % rotate] if mode == "cold" else buffers[0]
                 params = ((src.data_ptr(), out.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
                 torch.cuda.synchronize()
-                err, = driver.cuLaunchKernel(function, CTAS, 1, 1, THREADS, 1, 1, smem, stream,
-                                             params, 0)
-                assert err == driver.CUresult.CUDA_SUCCESS, err
+                check(driver.cuLaunchKernel(function, CTAS, 1, 1, THREADS, 1, 1, smem, stream,
+                                            params, 0), "cuLaunchKernel")
                 torch.cuda.synchronize()
                 if i < 2:
                     continue  # the first launches also pay the module's load
@@ -146,11 +152,11 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
                 slowest.append(cycles[-1])
                 ns_medians.append(ns[CTAS // 2])
                 rates.append(sum(s[1] - s[0] for s in stamps) / max(1, sum(ns)))
-            rows.append((vecs * THREADS * 16, mode, statistics.median(medians),
+            rows.append((smem, mode, statistics.median(medians),
                          statistics.median(slowest), statistics.median(ns_medians),
                          statistics.median(rates)))
         del buffers
-        driver.cuModuleUnload(module)
+        check(driver.cuModuleUnload(module), "cuModuleUnload")
     print(f"{torch.cuda.get_device_name()}, {CTAS} CTAs x {THREADS} threads, medians over "
           f"{launches} launches")
     print(f"{'bytes/CTA':>9} {'mode':>5} {'median CTA cyc':>14} {'slowest CTA cyc':>15} "

@@ -286,7 +286,6 @@ def ld_global_cg_v4_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple:
     return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
 
 
-
 @dsl_user_op
 def cp_async_cg_16(smem_addr: Any, gmem_addr: Any, *, loc: Any = None, ip: Any = None) -> None:
     """16-byte cp.async from global memory (through L2 only) to a 32-bit shared address
