@@ -50,6 +50,13 @@ def mul_f16x2_by_half(a: Any, b: Any, half: int, *, loc: Any = None, ip: Any = N
 
 
 @dsl_user_op
+def mad_lo_imm(a: Any, x: Any, imm: int, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """a * x + imm (low 32 bits), opaque to LLVM; ptxas keeps two of them with different
+    immediates apart (bench/first_code.py's straight-line code)."""
+    return _pure_i32(f"mad.lo.u32 $0, $1, $2, {int(imm)};", "=r,r,r", [a, x], loc, ip)
+
+
+@dsl_user_op
 def shl(a: Any, bits: int, *, loc: Any = None, ip: Any = None) -> Uint32:
     """a << bits, opaque to LLVM (which would rewrite (a & m) << s as (a << s) & m' and so cost
     a separate mask instruction when `a & m` is needed anyway)."""
