@@ -3,6 +3,8 @@
     import runtime
     gg = runtime.load("artifacts")
     out = gg.grouped_gemm(a_list, b_list, sfa_list, sfb_list)
+    step = gg.bind(a_list, b_list, sfa_list, sfb_list, out)   # serving loops: checks once
+    step()                                                     # launches, no per-call checks
 
 Importing this package is cheap: it loads neither torch nor cuda.bindings (the builder imports
 `runtime.manifest` too); `load` and `GroupedGemm` import them on first access. It never
@@ -24,6 +26,7 @@ from .errors import (
 
 __all__ = [
     "ArtifactError",
+    "BoundGemm",
     "CudaError",
     "GroupedGemm",
     "InputError",
@@ -36,7 +39,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     # PEP 562: defer torch (about 1 s to import) until the API is actually used.
-    if name in ("load", "GroupedGemm"):
+    if name in ("load", "GroupedGemm", "BoundGemm"):
         from . import api
 
         return getattr(api, name)

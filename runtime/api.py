@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .bound import BoundGemm
 from .dispatch import KernelIndex
 from .loader import ArtifactStore
 from .manifest import KernelEntry
@@ -220,9 +221,32 @@ class GroupedGemm:
                 return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)))
         return False
 
-    def _call(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
-              out: Any) -> list[torch.Tensor]:
-        """The full path: validate, select, plan, launch (and remember repeated shapes)."""
+    def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
+             sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
+             out: Sequence[torch.Tensor] | None = None) -> BoundGemm:
+        """Validate, select and plan one call now; the returned BoundGemm repeats it with no
+        per-call checks (`bound()` launches on the current stream and returns `out`).
+
+        For serving loops that write new values into the same tensors every step: the
+        caller promises that the bound tensors keep their storage, shapes, strides and dtypes
+        (runtime/bound.py). Raises what grouped_gemm raises for the same arguments, with
+        nothing launched; `out` is allocated here when not given.
+        """
+        given = out is not None
+        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out)
+        tensors = (*a_list, *b_list, *sfa_list, *sfb_list, *(out if given else ()))
+        if launch is None:
+            return BoundGemm(out, tensors, None, None, ())
+        rt, dp, ptrs, overlap = launch
+        if overlap is not None:
+            overlap()  # raised here, at bind time, never at a later call
+        return BoundGemm(out, tensors, rt, dp, ptrs)
+
+    def _prepare(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
+                 out: Any) -> tuple[list[torch.Tensor], tuple | None]:
+        """Validate and select a call and plan its launch: (out, launch), launch being
+        (device runtime, plan, data pointers in argument order, output-overlap check or None)
+        or None when every m is 0 (nothing to launch). `out` is allocated when not given."""
         shapes, ordinal, ptrs = check_inputs(a_list, b_list, sfa_list, sfb_list, out)
         rt = self._runtime(ordinal)
         try:
@@ -232,8 +256,7 @@ class GroupedGemm:
             check_constraints(shapes, self.kernels, rt.arch)
             raise
         overlap = None
-        given = out is not None
-        if not given:
+        if out is None:
             # Fresh allocations cannot alias the inputs.
             out = [torch.empty((m, n), dtype=torch.float16, device=rt.torch_device)
                    for m, n, _ in shapes]
@@ -249,9 +272,19 @@ class GroupedGemm:
         if all(m == 0 for m, _, _ in shapes):
             if overlap is not None:
                 overlap()
-            return out  # every m is 0: nothing to compute, nothing planned or launched
+            return out, None  # every m is 0: nothing to compute, nothing planned or launched
         dp = rt.plan(entry, shapes)
-        rt.launch(dp, tuple(itertools.chain.from_iterable(ptrs)), overlap)
+        return out, (rt, dp, tuple(itertools.chain.from_iterable(ptrs)), overlap)
+
+    def _call(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
+              out: Any) -> list[torch.Tensor]:
+        """The full path: validate, select, plan, launch (and remember repeated shapes)."""
+        given = out is not None
+        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out)
+        if launch is None:
+            return out
+        rt, dp, ptrs, overlap = launch
+        rt.launch(dp, ptrs, overlap)
         if given and dp.uses > 1:
             self._remember((*a_list, *b_list, *sfa_list, *sfb_list, *out), rt, dp)
         return out
