@@ -17,7 +17,6 @@ same module after the fill; `repeat` relaunches it back to back.
 """
 
 
-import json
 import os
 import statistics
 import sys
@@ -25,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import click
+from probe_cubins import read_probes, write_probes  # bench/, the script's directory
 
 CTAS, THREADS = 132, 128
 ACCUMULATORS = 8
@@ -79,7 +79,7 @@ def _compile(n: int) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as dump:
         compiled = cute.compile(FirstCode(), ptr, ptr,
                                 options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
-        return compiled.__cubin__, list(compiled.kernel_info)[0]
+        return compiled.__cubin__, next(iter(compiled.kernel_info))
 
 
 @click.group()
@@ -91,16 +91,7 @@ def cli() -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=".first_code", show_default=True)
 def build(out: str) -> None:
     """Compile one kernel per block size into OUT, with an index of their symbols."""
-    dest = Path(out)
-    dest.mkdir(parents=True, exist_ok=True)
-    index = {}
-    for n in SIZES:
-        cubin, symbol = _compile(n)
-        name = f"first_code_{n}.cubin"
-        (dest / name).write_bytes(cubin)
-        index[str(n)] = {"cubin": name, "symbol": symbol}
-        click.echo(f"{name}: {symbol}, {n} IMADs per pass")
-    (dest / "index.json").write_text(json.dumps(index, indent=1))
+    write_probes(out, "first_code", SIZES, _compile, lambda n: f"{n} IMADs per pass")
 
 
 @cli.command()
@@ -117,16 +108,13 @@ def run(src_dir: str, launches: int) -> None:
     from runtime.cuda import check
 
     torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    index = json.loads((Path(src_dir) / "index.json").read_text())
     out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
     sink = torch.zeros(CTAS * THREADS, dtype=torch.int32, device="cuda")
     flush = torch.empty(FLUSH_MIB * 2**20, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     params = ((out.data_ptr(), sink.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
     rows = []
-    for n, entry in index.items():
-        image = (Path(src_dir) / entry["cubin"]).read_bytes()
-        symbol = entry["symbol"].encode()
+    for n, image, symbol in read_probes(src_dir):
         modules = [check(driver.cuModuleLoadData(image), "cuModuleLoadData")]
         for mode in ("fresh", "flush", "repeat"):
             first, second, slowest = [], [], []
@@ -149,7 +137,7 @@ def run(src_dir: str, launches: int) -> None:
                 first.append(p1[CTAS // 2])
                 second.append(p2[CTAS // 2])
                 slowest.append(p1[-1])
-            rows.append((int(n), mode, statistics.median(first), statistics.median(second),
+            rows.append((n, mode, statistics.median(first), statistics.median(second),
                          statistics.median(slowest)))
         for module in modules:
             check(driver.cuModuleUnload(module), "cuModuleUnload")

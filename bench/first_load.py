@@ -13,7 +13,6 @@ and the slowest CTA's start-to-data time.
 """
 
 
-import json
 import os
 import statistics
 import sys
@@ -21,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import click
+from probe_cubins import read_probes, write_probes  # bench/, the script's directory
 
 CTAS, THREADS = 132, 128
 # 16-byte loads per thread: 4 KiB, 50 KiB (about one weight stage plus one A slot per CTA, as
@@ -87,16 +87,7 @@ def cli() -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=".first_load", show_default=True)
 def build(out: str) -> None:
     """Compile one kernel per load count into OUT, with an index of their symbols."""
-    dest = Path(out)
-    dest.mkdir(parents=True, exist_ok=True)
-    index = {}
-    for vecs in VECS:
-        cubin, symbol = _compile(vecs)
-        name = f"first_load_{vecs}.cubin"
-        (dest / name).write_bytes(cubin)
-        index[str(vecs)] = {"cubin": name, "symbol": symbol}
-        click.echo(f"{name}: {symbol}, {cta_bytes(vecs)} bytes per CTA")
-    (dest / "index.json").write_text(json.dumps(index, indent=1))
+    write_probes(out, "first_load", VECS, _compile, lambda vecs: f"{cta_bytes(vecs)} bytes per CTA")
 
 
 @cli.command()
@@ -116,14 +107,11 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
 
     torch.cuda.init()
     torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    index = json.loads((Path(src_dir) / "index.json").read_text())
     out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
     rows = []
-    for vecs, entry in index.items():
-        vecs = int(vecs)
-        module = check(driver.cuModuleLoadData((Path(src_dir) / entry["cubin"]).read_bytes()),
-                       "cuModuleLoadData")
-        function = check(driver.cuModuleGetFunction(module, entry["symbol"].encode()),
+    for vecs, image, symbol in read_probes(src_dir):
+        module = check(driver.cuModuleLoadData(image), "cuModuleLoadData")
+        function = check(driver.cuModuleGetFunction(module, symbol),
                          "cuModuleGetFunction")
         smem = cta_bytes(vecs)
         check(driver.cuFuncSetAttribute(

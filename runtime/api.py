@@ -23,9 +23,9 @@ import torch
 
 from .bound import BoundGemm
 from .dispatch import KernelIndex
+from .errors import NoKernelError
 from .loader import ArtifactStore
 from .manifest import KernelEntry
-from .errors import NoKernelError
 from .validate import check_constraints, check_inputs, check_no_overlap
 
 Shape = tuple[int, int, int]

@@ -32,17 +32,17 @@ class RecordingRuntime:
         self.tables: set[tuple[int, ...]] = set()  # pointer sets with a cached table
         self.capturing = False
 
-    def plan(self, e, shapes):  # noqa: ANN001, ANN201 - a stand-in for DeviceRuntime.plan
+    def plan(self, e, shapes):
         self.events.append(("plan", e.name, shapes))
         return types.SimpleNamespace(plan=types.SimpleNamespace(entry=e), uses=1)
 
-    def launch(self, dp, ptrs, check) -> None:  # noqa: ANN001
+    def launch(self, dp, ptrs, check) -> None:
         if check is not None:
             check()
         self.events.append(("launch", ptrs, check is None))
         self.tables.add(ptrs)
 
-    def launch_cached(self, dp, ptrs) -> bool:  # noqa: ANN001
+    def launch_cached(self, dp, ptrs) -> bool:
         if self.capturing or ptrs not in self.tables:
             return False
         self.events.append(("cached", ptrs))
