@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
 
 CTAS, THREADS = 132, 128
 ACCUMULATORS = 8
@@ -100,38 +100,24 @@ def build(out: str) -> None:
 @click.option("--launches", default=30, show_default=True)
 def run(src_dir: str, launches: int) -> None:
     """Launch each kernel alone (synchronized) in the three modes and print the table."""
-    import ctypes
-
     import torch
-    from cuda.bindings import driver
 
-    from runtime.cuda import check
-
-    torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
-    sink = torch.zeros(CTAS * THREADS, dtype=torch.int32, device="cuda")
+    runner = ProbeRunner(CTAS, STAMPS, sink_words=CTAS * THREADS)
     flush = torch.empty(FLUSH_MIB * 2**20, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-    params = ((out.data_ptr(), sink.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
+    pointers = (runner.out.data_ptr(), runner.sink.data_ptr())
     rows = []
     for n, image, symbol in read_probes(src_dir):
-        modules = [check(driver.cuModuleLoadData(image), "cuModuleLoadData")]
+        function = runner.function(image, symbol)
         for mode in ("fresh", "flush", "repeat"):
             first, second, slowest = [], [], []
             for i in range(launches + 2):
-                if mode == "fresh":
-                    modules.append(check(driver.cuModuleLoadData(image), "cuModuleLoadData"))
-                function = check(driver.cuModuleGetFunction(modules[-1], symbol),
-                                 "cuModuleGetFunction")
+                if mode == "fresh":  # a new copy of the module: new code addresses
+                    function = runner.function(image, symbol)
                 if mode != "repeat":
                     flush.fill_(i & 255)
-                torch.cuda.synchronize()
-                check(driver.cuLaunchKernel(function, CTAS, 1, 1, THREADS, 1, 1, 0, stream,
-                                            params, 0), "cuLaunchKernel")
-                torch.cuda.synchronize()
+                stamps = runner.launch(function, THREADS, 0, pointers)
                 if i < 2:
                     continue  # the first launches also pay the module's load
-                stamps = out.view(CTAS, STAMPS).cpu().tolist()
                 p1 = sorted(s[1] - s[0] for s in stamps)
                 p2 = sorted(s[2] - s[1] for s in stamps)
                 first.append(p1[CTAS // 2])
@@ -139,9 +125,8 @@ def run(src_dir: str, launches: int) -> None:
                 slowest.append(p1[-1])
             rows.append((n, mode, statistics.median(first), statistics.median(second),
                          statistics.median(slowest)))
-        for module in modules:
-            check(driver.cuModuleUnload(module), "cuModuleUnload")
-    print(f"{torch.cuda.get_device_name()}, {CTAS} CTAs x {THREADS} threads, medians over "
+        runner.close()
+    print(f"{runner.device_name}, {CTAS} CTAs x {THREADS} threads, medians over "
           f"{launches} launches (cycles)")
     print(f"{'IMADs':>6} {'KiB':>4} {'mode':>6} {'pass 1':>7} {'pass 2':>7} {'1 - 2':>6} "
           f"{'slowest pass 1':>14}")

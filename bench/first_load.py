@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
 
 CTAS, THREADS = 132, 128
 # 16-byte loads per thread: 4 KiB, 50 KiB (about one weight stage plus one A slot per CTA, as
@@ -98,42 +98,25 @@ def build(out: str) -> None:
               help="bytes of input buffers cycled through in the cold mode (L2 is 50 MiB)")
 def run(src_dir: str, launches: int, rotate_mib: int) -> None:
     """Launch each kernel alone (synchronized), cold and L2-warm, and print the table."""
-    import ctypes
-
     import torch
-    from cuda.bindings import driver
 
-    from runtime.cuda import check
-
-    torch.cuda.init()
-    torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
+    runner = ProbeRunner(CTAS, STAMPS)
     rows = []
     for vecs, image, symbol in read_probes(src_dir):
-        module = check(driver.cuModuleLoadData(image), "cuModuleLoadData")
-        function = check(driver.cuModuleGetFunction(module, symbol),
-                         "cuModuleGetFunction")
         smem = cta_bytes(vecs)
-        check(driver.cuFuncSetAttribute(
-            function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem), "cuFuncSetAttribute")
+        function = runner.function(image, symbol, smem)
         per_call = CTAS * smem
         rotate = max(2, -(-rotate_mib * 2**20 // per_call))
         buffers = [torch.zeros(per_call, dtype=torch.uint8, device="cuda")
                    for _ in range(rotate)]
-        stream = torch.cuda.current_stream().cuda_stream
         for mode in ("cold", "warm"):
             medians, slowest, ns_medians, rates = [], [], [], []
             for i in range(launches + 2):
                 src = buffers[i % rotate] if mode == "cold" else buffers[0]
-                params = ((src.data_ptr(), out.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
-                torch.cuda.synchronize()
-                check(driver.cuLaunchKernel(function, CTAS, 1, 1, THREADS, 1, 1, smem, stream,
-                                            params, 0), "cuLaunchKernel")
-                torch.cuda.synchronize()
+                stamps = runner.launch(function, THREADS, smem,
+                                       (src.data_ptr(), runner.out.data_ptr()))
                 if i < 2:
                     continue  # the first launches also pay the module's load
-                stamps = out.view(CTAS, STAMPS).cpu().tolist()
                 cycles = sorted(s[1] - s[0] for s in stamps)
                 ns = sorted(s[3] - s[2] for s in stamps)
                 medians.append(cycles[CTAS // 2])
@@ -144,8 +127,8 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
                          statistics.median(slowest), statistics.median(ns_medians),
                          statistics.median(rates)))
         del buffers
-        check(driver.cuModuleUnload(module), "cuModuleUnload")
-    print(f"{torch.cuda.get_device_name()}, {CTAS} CTAs x {THREADS} threads, medians over "
+    runner.close()
+    print(f"{runner.device_name}, {CTAS} CTAs x {THREADS} threads, medians over "
           f"{launches} launches")
     print(f"{'bytes/CTA':>9} {'mode':>5} {'median CTA cyc':>14} {'slowest CTA cyc':>15} "
           f"{'median CTA ns':>13} {'GHz':>5}")

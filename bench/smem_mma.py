@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
 
 CTAS = 132
 STEPS = 256
@@ -196,43 +196,24 @@ def build(out: str) -> None:
 @click.option("--launches", default=20, show_default=True)
 def run(src_dir: str, launches: int) -> None:
     """Launch each variant (synchronized) and print cycles per step against the MMA's."""
-    import ctypes
-
-    import torch
-    from cuda.bindings import driver
-
-    from runtime.cuda import check
-
-    torch.zeros(1, device="cuda")  # the primary context, current on this thread
-    out = torch.zeros(CTAS * STAMPS, dtype=torch.int64, device="cuda")
-    sink = torch.zeros(CTAS * 512, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
-    params = ((out.data_ptr(), sink.data_ptr()), (ctypes.c_void_p, ctypes.c_void_p))
-    print(f"{torch.cuda.get_device_name()}, {CTAS} CTAs, {STEPS} steps, medians over "
+    runner = ProbeRunner(CTAS, STAMPS, sink_words=CTAS * 512)
+    pointers = (runner.out.data_ptr(), runner.sink.data_ptr())
+    print(f"{runner.device_name}, {CTAS} CTAs, {STEPS} steps, medians over "
           f"{launches} launches (cycles per step, median CTA)")
     print(f"{'variant':72s} {'step':>6s} {'MMA':>5s} {'MMA/step':>8s}")
     for i, image, symbol in read_probes(src_dir):
-        w = VARIANTS[i][0]
-        module = check(driver.cuModuleLoadData(image), "cuModuleLoadData")
-        function = check(driver.cuModuleGetFunction(module, symbol), "cuModuleGetFunction")
+        w, n = VARIANTS[i][:2]
         smem = smem_bytes_of(i)
-        check(driver.cuFuncSetAttribute(
-            function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem), "cuFuncSetAttribute")
+        function = runner.function(image, symbol, smem)
         per_step = []
         for launch in range(launches + 2):
-            torch.cuda.synchronize()
-            check(driver.cuLaunchKernel(function, CTAS, 1, 1, w * 128, 1, 1, smem, stream,
-                                        params, 0), "cuLaunchKernel")
-            torch.cuda.synchronize()
-            if launch < 2:
-                continue
-            stamps = out.view(CTAS, STAMPS).cpu().tolist()
-            per_step.append(sorted(s[1] - s[0] for s in stamps)[CTAS // 2] / STEPS)
+            stamps = runner.launch(function, w * 128, smem, pointers)
+            if launch >= 2:  # the first launches also pay the module's load
+                per_step.append(sorted(s[1] - s[0] for s in stamps)[CTAS // 2] / STEPS)
         step = statistics.median(per_step)
-        mma = mma_cycles(w, VARIANTS[i][1])
+        mma = mma_cycles(w, n)
         print(f"{describe(i):72s} {step:6.0f} {mma:5d} {mma / step:8.2f}")
-        check(driver.cuModuleUnload(module), "cuModuleUnload")
+    runner.close()
 
 
 if __name__ == "__main__":
