@@ -34,8 +34,9 @@ STAMPS = 3  # per CTA: clock before pass 1, after pass 1, after pass 2
 FLUSH_MIB = 256  # L2 is 50 MiB
 
 
-def _compile(n: int) -> tuple[bytes, str]:
-    """Cubin and kernel symbol of the cold-code kernel with `n` IMADs per pass."""
+def _compile(n: int) -> tuple[bytes, str, int]:
+    """Cubin, kernel symbol and dynamic shared memory (none) of the cold-code kernel with `n`
+    IMADs per pass."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import cutlass
     from cutlass import Int64, Uint32, cute
@@ -79,7 +80,7 @@ def _compile(n: int) -> tuple[bytes, str]:
     with tempfile.TemporaryDirectory() as dump:
         compiled = cute.compile(FirstCode(), ptr, ptr,
                                 options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
-        return compiled.__cubin__, next(iter(compiled.kernel_info))
+        return compiled.__cubin__, next(iter(compiled.kernel_info)), 0
 
 
 @click.group()
@@ -106,7 +107,7 @@ def run(src_dir: str, launches: int) -> None:
     flush = torch.empty(FLUSH_MIB * 2**20, dtype=torch.uint8, device="cuda")
     pointers = (runner.out.data_ptr(), runner.sink.data_ptr())
     rows = []
-    for n, image, symbol in read_probes(src_dir):
+    for n, image, symbol, _ in read_probes(src_dir):
         function = runner.function(image, symbol)
         for mode in ("fresh", "flush", "repeat"):
             first, second, slowest = [], [], []

@@ -34,8 +34,9 @@ def cta_bytes(vecs: int) -> int:
     return vecs * THREADS * 16
 
 
-def _compile(vecs: int) -> tuple[bytes, str]:
-    """Cubin and kernel symbol of the first-load kernel for `vecs` loads per thread."""
+def _compile(vecs: int) -> tuple[bytes, str, int]:
+    """Cubin, kernel symbol and dynamic shared memory of the first-load kernel for `vecs`
+    loads per thread."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import cutlass
     from cutlass import Int64, Uint8, Uint32, cute
@@ -75,7 +76,7 @@ def _compile(vecs: int) -> tuple[bytes, str]:
         compiled = cute.compile(FirstLoad(), ptr, ptr,
                                 options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
         symbols = list(compiled.kernel_info)
-        return compiled.__cubin__, symbols[0]
+        return compiled.__cubin__, symbols[0], cta_bytes(vecs)
 
 
 @click.group()
@@ -102,8 +103,7 @@ def run(src_dir: str, launches: int, rotate_mib: int) -> None:
 
     runner = ProbeRunner(CTAS, STAMPS)
     rows = []
-    for vecs, image, symbol in read_probes(src_dir):
-        smem = cta_bytes(vecs)
+    for _, image, symbol, smem in read_probes(src_dir):
         function = runner.function(image, symbol, smem)
         per_call = CTAS * smem
         rotate = max(2, -(-rotate_mib * 2**20 // per_call))

@@ -2,7 +2,7 @@
 kernel per size, built on a CPU machine with the DSL, run on the GPU machine without it.
 
 The directory holds `<prefix>_<size>.cubin` per size and index.json mapping each size to its
-cubin and kernel symbol.
+cubin, kernel symbol and dynamic shared memory: the build records what the run launches with.
 """
 
 from __future__ import annotations
@@ -14,27 +14,29 @@ from typing import Any
 
 
 def write_probes(out: str | Path, prefix: str, sizes: Iterable[int],
-                 compile_one: Callable[[int], tuple[bytes, str]],
+                 compile_one: Callable[[int], tuple[bytes, str, int]],
                  describe: Callable[[int], str]) -> None:
     """Compile one kernel per size into `out` (created if missing) and write its index;
-    prints one line per kernel: its file, symbol and `describe(size)`."""
+    `compile_one(size)` gives (cubin, symbol, dynamic shared memory bytes). Prints one line
+    per kernel: its file, symbol and `describe(size)`."""
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     index = {}
     for size in sizes:
-        cubin, symbol = compile_one(size)
+        cubin, symbol, smem = compile_one(size)
         name = f"{prefix}_{size}.cubin"
         (dest / name).write_bytes(cubin)
-        index[str(size)] = {"cubin": name, "symbol": symbol}
+        index[str(size)] = {"cubin": name, "symbol": symbol, "smem": smem}
         print(f"{name}: {symbol}, {describe(size)}")
     (dest / "index.json").write_text(json.dumps(index, indent=1))
 
 
-def read_probes(src: str | Path) -> list[tuple[int, bytes, bytes]]:
-    """(size, cubin image, kernel symbol) per kernel of a probe directory, in index order."""
+def read_probes(src: str | Path) -> list[tuple[int, bytes, bytes, int]]:
+    """(size, cubin image, kernel symbol, dynamic shared memory bytes) per kernel of a probe
+    directory, in index order."""
     root = Path(src)
     index = json.loads((root / "index.json").read_text())
-    return [(int(size), (root / e["cubin"]).read_bytes(), e["symbol"].encode())
+    return [(int(size), (root / e["cubin"]).read_bytes(), e["symbol"].encode(), e["smem"])
             for size, e in index.items()]
 
 

@@ -55,8 +55,9 @@ def describe(i: int) -> str:
             f"{alu} ALU ops, barrier {sync}")
 
 
-def _compile(i: int) -> tuple[bytes, str]:
-    """Cubin and kernel symbol of variant i."""
+def _compile(i: int) -> tuple[bytes, str, int]:
+    """Cubin, kernel symbol and dynamic shared memory (the operands' and scratch struct) of
+    variant i."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     import cutlass
     import cutlass.utils.hopper_helpers as sm90_utils
@@ -75,7 +76,7 @@ def _compile(i: int) -> tuple[bytes, str]:
 
     w, n, stores, alu, sync = VARIANTS[i]
     threads = w * 128
-    loads = max(stores // 2, 0)
+    loads = stores // 2
     scratch = max(stores, 1) * threads * 16
 
     def layouts() -> tuple:
@@ -163,19 +164,13 @@ def _compile(i: int) -> tuple[bytes, str]:
                                x ^ Uint32(cutlass.Int32(acc[0] != acc[1])))
 
     ptr = cute.runtime.make_ptr(cutlass.Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
+    probe = SmemMma()
     with tempfile.TemporaryDirectory() as dump:
-        compiled = cute.compile(SmemMma(), ptr, ptr,
+        compiled = cute.compile(probe, ptr, ptr,
                                 options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
-        return compiled.__cubin__, next(iter(compiled.kernel_info))
-
-
-def smem_bytes_of(i: int) -> int:
-    """Dynamic shared memory of variant i (operands and scratch, with their alignment)."""
-    w, n, stores, _, _ = VARIANTS[i]
-    a = w * 64 * 64 * 2
-    b = n * 64 * 2
-    scratch = max(stores, 1) * w * 128 * 16
-    return -(-a // 1024) * 1024 + -(-b // 1024) * 1024 + -(-scratch // 1024) * 1024 + 1024
+        # The struct __call__ launched with, laid out while compiling.
+        return (compiled.__cubin__, next(iter(compiled.kernel_info)),
+                probe.storage_type.size_in_bytes())
 
 
 @click.group()
@@ -201,9 +196,8 @@ def run(src_dir: str, launches: int) -> None:
     print(f"{runner.device_name}, {CTAS} CTAs, {STEPS} steps, medians over "
           f"{launches} launches (cycles per step, median CTA)")
     print(f"{'variant':72s} {'step':>6s} {'MMA':>5s} {'MMA/step':>8s}")
-    for i, image, symbol in read_probes(src_dir):
+    for i, image, symbol, smem in read_probes(src_dir):
         w, n = VARIANTS[i][:2]
-        smem = smem_bytes_of(i)
         function = runner.function(image, symbol, smem)
         per_step = []
         for launch in range(launches + 2):
