@@ -14,15 +14,15 @@ child times, in this order and each on its own:
   launch) plus `torch.cuda.synchronize()` and a bit-exact comparison with the expected output.
 Goal: (a) + (b) + (c) <= 50 ms. The inputs and the expected output (fp16 of the float64
 reference) are made by the parent and loaded by the child before (a), untimed, so that (a)
-imports nothing early. Two costs of the instrument, not of the runtime, are paid before (a)
-unless asked for (2026-11-30, fourteenth session):
+imports nothing early. The child also reports a second, warm call and that `cutlass` was never
+imported. Two costs of the instrument, not of the runtime, are paid before (a) unless asked for
+(2026-11-30, fourteenth session):
 - the parent byte-compiles runtime/ first, as `pip install` does: a machine that sets
-  PYTHONDONTWRITEBYTECODE (the CPU machine does) would otherwise make every child compile the
-  runtime's sources in (a) and (b) (`--no-precompile` keeps that);
-- the child runs the bit-exact comparison once on its expected tensors before (a), so that
-  torch's lazy loading of that comparison's own kernels is not counted in (c)
-  (`--cold-compare` keeps that). The child also reports a second, warm call and that `cutlass` was never
-imported.
+  PYTHONDONTWRITEBYTECODE (both machines here do) would otherwise make every child compile the
+  runtime's sources in (a), (b) and (c) (`--no-precompile` keeps that);
+- the child runs the bit-exact comparison once on a second copy of its expected tensors before
+  (a), so that torch's lazy loading of that comparison's own kernels is not counted in (c)
+  (`--cold-compare` keeps that).
 
 Beside it, the JIT path the runtime replaces: a child with CUTE_DSL_ARCH=sm_90a times
 `import cutlass`, the kernel module import and `compile_kernel` of the sm_90a kernel for the

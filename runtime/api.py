@@ -232,15 +232,14 @@ class GroupedGemm:
         (runtime/bound.py). Raises what grouped_gemm raises for the same arguments, with
         nothing launched; `out` is allocated here when not given.
         """
-        given = out is not None
         out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out)
-        tensors = (*a_list, *b_list, *sfa_list, *sfb_list, *(out if given else ()))
+        inputs = (*a_list, *b_list, *sfa_list, *sfb_list)
         if launch is None:
-            return BoundGemm(out, tensors, None, None, ())
+            return BoundGemm(inputs, out, None, None, ())
         rt, dp, ptrs, overlap = launch
         if overlap is not None:
             overlap()  # raised here, at bind time, never at a later call
-        return BoundGemm(out, tensors, rt, dp, ptrs)
+        return BoundGemm(inputs, out, rt, dp, ptrs)
 
     def _prepare(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
                  out: Any) -> tuple[list[torch.Tensor], tuple | None]:

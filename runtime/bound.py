@@ -26,12 +26,13 @@ import torch
 class BoundGemm:
     """A bound grouped_gemm call; `bound()` launches it and returns its output tensors."""
 
-    __slots__ = ("_dp", "_out", "_ptrs", "_rt", "_tensors")
+    __slots__ = ("_dp", "_inputs", "_out", "_ptrs", "_rt")
 
-    def __init__(self, out: list[torch.Tensor], tensors: tuple[torch.Tensor, ...], rt: Any,
+    def __init__(self, inputs: tuple[torch.Tensor, ...], out: list[torch.Tensor], rt: Any,
                  dp: Any, ptrs: tuple[int, ...]) -> None:
-        # rt / dp None: every m is 0, nothing to launch.
-        self._out, self._tensors, self._rt, self._dp, self._ptrs = tuple(out), tensors, rt, dp, ptrs
+        # The input tensors are held only so that their memory outlives the bound call; the
+        # outputs are held as what every call returns. rt / dp None: every m is 0.
+        self._inputs, self._out, self._rt, self._dp, self._ptrs = inputs, tuple(out), rt, dp, ptrs
 
     @property
     def out(self) -> list[torch.Tensor]:
