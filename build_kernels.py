@@ -26,7 +26,7 @@ Examples:
   python build_kernels.py build --shard 1/2 --out shard1    (CI machine 2)
   python build_kernels.py merge artifacts shard0 shard1
   python build_kernels.py list artifacts
-  python build_kernels.py inspect moe_down.sm_90a.acc1
+  python build_kernels.py inspect moe_down.sm_90a.acc1.f16
   python build_kernels.py verify artifacts
   python build_kernels.py package artifacts --out dist --name moe
 
@@ -218,11 +218,11 @@ def list_cmd(directory: str, as_json: bool) -> None:
 
 
 @main.command(short_help="Show kernels in full: what they serve, launch ABI, resources.",
-              epilog=_examples("python build_kernels.py inspect moe_down.sm_90a.acc1",
+              epilog=_examples("python build_kernels.py inspect moe_down.sm_90a.acc1.f16",
                                "python build_kernels.py inspect moe_down      (every kernel of a "
                                "set)",
                                "python build_kernels.py inspect '*.sm_90a.*' --artifacts /tmp/moe",
-                               "python build_kernels.py inspect dense_a.sm_90a.acc1 --json"))
+                               "python build_kernels.py inspect dense_a.sm_90a.acc1.f16 --json"))
 @click.argument("kernel")
 @click.option("--artifacts", "directory", default="artifacts", show_default=True,
               help=ARTIFACTS_HELP)

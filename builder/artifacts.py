@@ -62,7 +62,8 @@ def new_entry(item: BuildItem, kernel: dict[str, Any], sha256: str, nbytes: int)
         cluster=tuple(kernel["cluster"]), dynamic_smem=kernel["dynamic_smem"],
         sm_count=kernel["sm_count"], grid=kernel["grid"], tile=kernel["tile"],
         constraints=kernel["constraints"], tables=kernel["tables"],
-        params=tuple(_param(p) for p in kernel["params"]), options=item.options_dict())
+        params=tuple(_param(p) for p in kernel["params"]), options=item.options_dict(),
+        out_dtype=item.out_dtype)
 
 
 def validate_entry(entry: KernelEntry) -> None:

@@ -26,6 +26,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
 import sys
 from dataclasses import dataclass
@@ -33,12 +34,15 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BuildError
+from kernels.families import OWN_KEYS
+from runtime.manifest import kernel_name
+
 from .families import DEFAULT_MODULE, Families, load_families
 from .spec import ShapeSpec
 
 # Bump when the builder changes what it records for a kernel (entry fields, ABI checks), so
 # that every existing artifact is rebuilt rather than silently reused.
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"  # 2: out_dtype and the alpha table
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = REPO_ROOT / "kernels"
 # Outside kernels/ but shared by every family: the schema the recorded ABI must fit.
@@ -62,13 +66,15 @@ class BuildItem:
     key: str
     dynamic_m: bool = False
     max_m: int | None = None
+    out_dtype: str = "float16"  # the element type C is written in (a config field of its own)
 
     @property
     def name(self) -> str:
-        return f"{self.set}.{self.arch}.acc{self.acc_stages}"
+        return kernel_name(self.set, self.arch, self.acc_stages, self.out_dtype)
 
     def describe(self) -> str:
-        return f"set {self.set}, arch {self.arch}, acc stages {self.acc_stages}"
+        return (f"set {self.set}, arch {self.arch}, acc stages {self.acc_stages}, "
+                f"out {self.out_dtype}")
 
     def options_dict(self) -> dict[str, Any]:
         return dict(self.options)
@@ -77,7 +83,7 @@ class BuildItem:
         return {"set": self.set, "arch": self.arch, "family": self.family,
                 "acc_stages": self.acc_stages, "options": self.options_dict(),
                 "groups": [list(g) for g in self.groups], "key": self.key,
-                "dynamic_m": self.dynamic_m, "max_m": self.max_m}
+                "dynamic_m": self.dynamic_m, "max_m": self.max_m, "out_dtype": self.out_dtype}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BuildItem:
@@ -86,7 +92,8 @@ class BuildItem:
                    acc_stages=int(d["acc_stages"]), options=tuple(sorted(d["options"].items())),
                    groups=tuple(tuple(int(x) for x in g) for g in d["groups"]), key=d["key"],
                    dynamic_m=bool(d.get("dynamic_m", False)),
-                   max_m=None if max_m is None else int(max_m))
+                   max_m=None if max_m is None else int(max_m),
+                   out_dtype=str(d.get("out_dtype", "float16")))
 
     def compile_groups(self) -> list[list[int]]:
         """The (m, n, k) rows to pass to the family's compile_kernel."""
@@ -198,7 +205,7 @@ def item_key(inputs: dict[str, Any]) -> str:
 
 
 def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> list[BuildItem]:
-    """One item per (set, arch, acc stage), sorted by kernel name (the manifest's order)."""
+    """One item per (set, arch, acc stage, out dtype), sorted by kernel name (the manifest's order)."""
     env = {"builder": BUILDER_VERSION, "python": python_version(), "dsl": dsl_versions()}
     prints: dict[str, str] = {}
     items = []
@@ -209,18 +216,18 @@ def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> l
             family = families.family_for(build.arch)
             if family.name not in prints:
                 prints[family.name] = fingerprint(family_sources(family, families))
-            for acc in build.acc_stages:
-                cfg = dataclasses.asdict(family.make_config(acc, build.options_dict()))
-                options = tuple(sorted((k, v) for k, v in cfg.items() if k != "acc_stages"))
+            for acc, out_dtype in itertools.product(build.acc_stages, s.out_dtypes):
+                cfg = dataclasses.asdict(family.make_config(acc, build.options_dict(), out_dtype))
+                options = tuple(sorted((k, v) for k, v in cfg.items() if k not in OWN_KEYS))
                 inputs = {**env, "sources": prints[family.name], "arch": build.arch,
-                          "family": family.name, "acc_stages": acc, "options": dict(options),
-                          "groups": [list(g) for g in s.groups]}
+                          "family": family.name, "acc_stages": acc, "out_dtype": out_dtype,
+                          "options": dict(options), "groups": [list(g) for g in s.groups]}
                 if s.dynamic_m:  # absent for exact sets: their keys stay what they were
                     inputs["dynamic_m"] = {"max_m": s.max_m}
                 items.append(BuildItem(set=s.name, arch=build.arch, family=family.name,
                                        acc_stages=acc, options=options, groups=s.groups,
                                        key=item_key(inputs), dynamic_m=s.dynamic_m,
-                                       max_m=s.max_m))
+                                       max_m=s.max_m, out_dtype=out_dtype))
     return sorted(items, key=lambda it: it.name)
 
 

@@ -5,12 +5,14 @@
       archs: [sm_90a, sm_100a]
       acc_stages: {sm_100a: [1, 2], sm_90a: [1]}   # or a plain list for every arch
       options: {sm_90a: {tile_m: 128}}            # per-arch family options
+      out_dtypes: [bfloat16, float16]              # C element types (default: both)
     sets:
       - name: moe_gateup
         groups: [[80, 4096, 7168], [176, 4096, 7168]]   # (m, n, k) per group
         archs: [...]                # optional overrides of the defaults
         acc_stages: ...
         options: ...
+        out_dtypes: [bfloat16]
       - name: moe_gateup_any_m      # m chosen at run time, per call and per group
         m: dynamic
         groups: [[4096, 7168], [4096, 7168]]            # (n, k) per group
@@ -22,7 +24,11 @@ with exactly that (n, k) list. The kernels need no bound on m: `max_m`, when giv
 and enforced by the runtime (a call with a larger m is not served by that kernel). Without it
 the runtime still enforces the kernels' m * n < 2^31 per group.
 
-A set's archs and acc_stages replace the defaults; its options are merged over the defaults'
+Every set builds one kernel per (arch, acc stage, output dtype). `out_dtypes` lists the element
+types C can be written in (`bfloat16`, `float16`; default both): the runtime picks the kernel by
+the call's output dtype, and the manifest records each kernel's `out_dtype`.
+
+A set's archs, acc_stages and out_dtypes replace the defaults; its options are merged over the defaults'
 options of the same arch, key by key. An arch with no acc_stages gets its family's default config.
 Every legality rule comes from the family (`kernels.<family>.config`), the same rules the builder
 and the kernels use, so the file is rejected here rather than minutes into a compile.
@@ -39,6 +45,8 @@ from typing import Any
 
 import yaml
 
+from runtime.manifest import OUT_DTYPES
+
 from .errors import SpecError
 from .families import Families
 
@@ -46,8 +54,9 @@ SCHEMA_VERSION = 1
 # A kernel is named "<set>.<arch>.acc<n>" and its cubin "<name>.<key>.cubin": no dots, no slashes.
 SET_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 TOP_KEYS = ("schema_version", "defaults", "sets")
-DEFAULT_KEYS = ("archs", "acc_stages", "options")
-SET_KEYS = ("name", "groups", "m", "max_m", "archs", "acc_stages", "options")
+DEFAULT_KEYS = ("archs", "acc_stages", "options", "out_dtypes")
+SET_KEYS = ("name", "groups", "m", "max_m", "archs", "acc_stages", "options", "out_dtypes")
+DEFAULT_OUT_DTYPES = ("bfloat16", "float16")
 DYNAMIC = "dynamic"  # the one value of a set's `m` key
 # C is indexed with 32-bit offsets in the kernels: every group needs m * n < 2^31.
 MN_LIMIT = 2**31
@@ -72,6 +81,7 @@ class SetSpec:
     builds: tuple[ArchBuild, ...]  # one per arch, in the order the file lists them
     dynamic_m: bool = False  # `m: dynamic`: m is chosen per call, groups are (n, k)
     max_m: int | None = None  # optional per-group bound on m (dynamic_m sets only)
+    out_dtypes: tuple[str, ...] = DEFAULT_OUT_DTYPES  # C element types, one kernel each
 
     @property
     def archs(self) -> tuple[str, ...]:
@@ -227,6 +237,17 @@ class _Checker:
             if stage in out:
                 raise self.fail(f"{path}[{i}]", f"acc stage {stage} is listed twice")
             out.append(stage)
+        return tuple(out)
+
+    def out_dtypes(self, value: Any, path: str) -> tuple[str, ...]:
+        out: list[str] = []
+        for i, v in enumerate(self.listed(value, path, "out_dtypes")):
+            if not isinstance(v, str) or v not in OUT_DTYPES:
+                raise self.fail(f"{path}[{i}]", f"out_dtype must be one of {list(OUT_DTYPES)}, "
+                                                f"but got {_got(v)}")
+            if v in out:
+                raise self.fail(f"{path}[{i}]", f"out_dtype {v!r} is listed twice")
+            out.append(v)
         return tuple(out)
 
     def acc_stages(self, value: Any, path: str) -> dict[str | None, tuple[int, ...]]:
@@ -423,6 +444,8 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
     d_acc = (c.acc_stages(d["acc_stages"], "defaults.acc_stages"), False) \
         if "acc_stages" in d else None
     d_opts = c.options(d["options"], "defaults.options") if "options" in d else {}
+    d_dtypes = (c.out_dtypes(d["out_dtypes"], "defaults.out_dtypes") if "out_dtypes" in d
+                else DEFAULT_OUT_DTYPES)
 
     sets: list[SetSpec] = []
     where_named: dict[str, str] = {}
@@ -460,6 +483,8 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
         groups = c.groups(s["groups"], f"{path}.groups", archs, dynamic)
         c.max_m_fits(max_m, groups, path)
         c.groups_fit(builds, groups, path, own_opts)
+        dtypes = (c.out_dtypes(s["out_dtypes"], f"{path}.out_dtypes") if "out_dtypes" in s
+                  else d_dtypes)
         sets.append(SetSpec(name=name, groups=groups, builds=builds, dynamic_m=dynamic,
-                            max_m=max_m))
+                            max_m=max_m, out_dtypes=dtypes))
     return ShapeSpec(source=source, sets=tuple(sets))

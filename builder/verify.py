@@ -7,7 +7,7 @@ from pathlib import Path
 
 from runtime.errors import ArtifactError, ManifestError
 from runtime.loader import check_param_layout, cubin_param_layout
-from runtime.manifest import MANIFEST_NAME, load_manifest, pack_offsets
+from runtime.manifest import MANIFEST_NAME, kernel_name, load_manifest, pack_offsets
 
 from .elf import check_cubin_arch
 from .errors import BuildError
@@ -25,9 +25,10 @@ def verify_dir(directory: Path) -> list[str]:
     expected = {MANIFEST_NAME}
     for e in manifest.kernels:
         expected.add(Path(e.cubin).as_posix())
-        if e.name != f"{e.set}.{e.arch}.acc{e.acc_stages}":
-            problems.append(f"{e.name}: name must be <set>.<arch>.acc<stages> = "
-                            f"{e.set}.{e.arch}.acc{e.acc_stages}, but got {e.name}")
+        want = kernel_name(e.set, e.arch, e.acc_stages, e.out_dtype)
+        if e.name != want:
+            problems.append(f"{e.name}: name must be <set>.<arch>.acc<stages>.<out> = "
+                            f"{want}, but got {e.name}")
         want = pack_offsets([(p.size, p.align) for p in e.params])
         got = [p.offset for p in e.params]
         if got != want:

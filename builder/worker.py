@@ -91,7 +91,7 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
             raise BuildError(f"the {item.arch} family must be {item.family!r} as planned, but "
                              f"the worker loaded {family.name!r}")
         compiler = family.compiler()  # first call imports cutlass: not part of compile time
-        config = family.make_config(item.acc_stages, item.options_dict())
+        config = family.make_config(item.acc_stages, item.options_dict(), item.out_dtype)
         start = time.perf_counter()
         ck = compiler.compile_kernel(config, arch=item.arch, groups=item.compile_groups())
         seconds = time.perf_counter() - start

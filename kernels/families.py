@@ -11,6 +11,10 @@ from kernels.sm90 import config as sm90_config
 from kernels.sm100 import config as sm100_config
 
 
+# Config fields a shapes.yaml set gives through keys of their own, not through `options`.
+OWN_KEYS = ("acc_stages", "out_dtype")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # "sm90", "sm100"
@@ -18,11 +22,13 @@ class Family:
     compile_module: str  # imported in the build worker only: it imports cutlass
 
     def option_names(self) -> tuple[str, ...]:
-        """Tile options a shapes.yaml set may override (acc_stages has its own key)."""
-        return tuple(f.name for f in fields(self.config.Config) if f.name != "acc_stages")
+        """Tile options a shapes.yaml set may override (acc_stages and out_dtype have their own
+        keys, acc_stages and out_dtypes)."""
+        return tuple(f.name for f in fields(self.config.Config) if f.name not in OWN_KEYS)
 
-    def make_config(self, acc_stages: int, options: dict[str, Any]) -> Any:
-        return self.config.Config(acc_stages=acc_stages, **options)
+    def make_config(self, acc_stages: int, options: dict[str, Any],
+                    out_dtype: str = "float16") -> Any:
+        return self.config.Config(acc_stages=acc_stages, out_dtype=out_dtype, **options)
 
     def compiler(self) -> ModuleType:
         return importlib.import_module(self.compile_module)

@@ -31,11 +31,23 @@ PARAM_KINDS = ("table", "tma_template", "scalar", "zeros")
 # Device tables a `table` parameter points at. grid_barrier is the zeroed header_bytes of the
 # tensormap workspace record (kernels/tables.py): the runtime passes the eager workspace's header
 # or, for a launch under graph capture, a persistent zeroed copy of its own.
-TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace", "grid_barrier")
+# alpha: one float32 per group, multiplied into the fp32 accumulator before the cast to the
+# output type; the runtime passes the caller's (G,) tensor or a persistent array of ones.
+TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace", "grid_barrier",
+          "alpha")
 # Values a `scalar` parameter can carry.
 SCALARS = ("num_groups",)
 # Operands a tensor-map template describes, and the columns of the pointer table.
 OPERANDS = ("a", "b", "sfa", "sfb", "c")
+# Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
+# the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
+OUT_DTYPES = ("float16", "bfloat16")
+OUT_DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16"}
+
+
+def kernel_name(set_name: str, arch: str, acc_stages: int, out_dtype: str) -> str:
+    """The one spelling of a kernel's name: "<set>.<arch>.acc<stages>.<f16|bf16>"."""
+    return f"{set_name}.{arch}.acc{acc_stages}.{OUT_DTYPE_SHORT[out_dtype]}"
 
 TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B", "16U4_ALIGN16B")
 TMA_SWIZZLES = ("NONE", "32B", "64B", "128B")
@@ -75,7 +87,7 @@ class Param:
 
 @dataclass(frozen=True)
 class KernelEntry:
-    name: str  # unique within the manifest: "<set>.<arch>.acc<stages>"
+    name: str  # unique within the manifest: "<set>.<arch>.acc<stages>.<f16|bf16>"
     key: str  # content hash of (kernel sources, DSL version, spec, options)
     set: str
     arch: str
@@ -97,6 +109,7 @@ class KernelEntry:
     params: tuple[Param, ...]
     options: dict[str, Any] = field(default_factory=dict)
     compile_seconds: float = 0.0
+    out_dtype: str = "float16"  # one of OUT_DTYPES: the element type the kernel writes C in
 
     @property
     def param_bytes(self) -> int:
@@ -267,6 +280,7 @@ def _parse_kernel(r: _Reader) -> KernelEntry:
         params=params,
         options=r.get("options", dict, optional=True) or {},
         compile_seconds=float(r.get("compile_seconds", (int, float), optional=True) or 0.0),
+        out_dtype=r.choice("out_dtype", OUT_DTYPES),
     )
     if len(entry.sha256) != 64:
         raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {entry.sha256!r}")

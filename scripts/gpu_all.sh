@@ -28,7 +28,7 @@ for s in "${STEPS[@]}"; do
     case $s in
     pytest) step pytest 200 python -m pytest -q -rs -m gpu tests ;;
     dynamic) step dynamic 90 python scripts/gpu_checks.py --artifacts artifacts --seeds 2 \
-        --only mixed_any_m.sm_90a.acc1 --only ep4_down.sm_90a.acc1 ;;
+        --only mixed_any_m.sm_90a.acc1.f16 --only ep4_down.sm_90a.acc1.f16 ;;
     sanitize) step sanitize 110 bash scripts/sanitize_gpu.sh ;;
     cold) step cold 35 python bench/cold_start.py --artifacts artifacts --runs 3 \
         --json "$LOG/cold.json" ;;

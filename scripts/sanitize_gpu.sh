@@ -2,7 +2,7 @@
 # The sm_90a GPU correctness checks under compute-sanitizer: memcheck (out-of-bounds and
 # misaligned global/shared accesses, API errors) and racecheck (shared-memory hazards).
 #
-#   scripts/sanitize_gpu.sh [KERNEL ...]        (default: mixed_2.sm_90a.acc1 moe_down.sm_90a.acc1)
+#   scripts/sanitize_gpu.sh [KERNEL ...]        (default: mixed_2.sm_90a.acc1.f16 moe_down.sm_90a.acc1.f16)
 #
 # Runs `scripts/gpu_checks.py --seeds 1 --only KERNEL ...` once per tool. gpu_checks runs each
 # kernel in a child process, so the sanitizer follows children (--target-processes all). Only
@@ -34,7 +34,7 @@ logdir="${SANITIZE_LOG_DIR:-${OUT:+$OUT/sanitize}}"
 logdir="${logdir:-/tmp/nvfp4-sanitize}"
 kernels=("$@")
 if [ ${#kernels[@]} -eq 0 ]; then
-  kernels=(mixed_2.sm_90a.acc1 moe_down.sm_90a.acc1)
+  kernels=(mixed_2.sm_90a.acc1.f16 moe_down.sm_90a.acc1.f16)
 fi
 
 cs="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || true)}"

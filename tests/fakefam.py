@@ -31,6 +31,7 @@ ACC_STAGES = {acc}
 @dataclass(frozen=True)
 class Config:
     acc_stages: int = 1
+    out_dtype: str = "float16"
     tile_m: int = 128
     fail: int = 0
 

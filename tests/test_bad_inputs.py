@@ -685,7 +685,7 @@ def test_valid_cpu_call_reaches_only_the_device_check(cpu_gg: runtime.GroupedGem
 # --------------------------------------------------------------------------------------------
 
 
-def _built(constraints: dict, arch: str = "sm_90a", name: str = "mixed_2.sm_90a.acc1"):
+def _built(constraints: dict, arch: str = "sm_90a", name: str = "mixed_2.sm_90a.acc1.f16"):
     e, _ = entry(name, set_=name.split(".")[0], arch=arch, groups=[list(s) for s in BASE],
                  constraints={"groups": [list(s) for s in BASE], **constraints})
     return e
@@ -695,7 +695,7 @@ MULTIPLES = {"k_multiple": 256, "n_multiple": 8}
 
 
 def test_k_not_a_multiple_of_the_kernels_k_multiple() -> None:
-    kernels = [_built(MULTIPLES), _built(MULTIPLES, "sm_100a", "mixed_2.sm_100a.acc1")]
+    kernels = [_built(MULTIPLES), _built(MULTIPLES, "sm_100a", "mixed_2.sm_100a.acc1.f16")]
     shapes = ((96, 1024, 512), (40, 2048, 784))  # 784 = 49 * 16: a valid layout, no kernel
     check_structure_ok = check_described(*[_on_paper(x) for x in Problem(shapes, "cpu").call()])
     assert check_structure_ok == (shapes, 0)
@@ -707,7 +707,7 @@ def test_k_not_a_multiple_of_the_kernels_k_multiple() -> None:
 
 
 def test_n_not_a_multiple_of_the_kernels_n_multiple() -> None:
-    kernels = [_built(MULTIPLES), _built({**MULTIPLES, "n_multiple": 16}, name="x.sm_90a.acc1")]
+    kernels = [_built(MULTIPLES), _built({**MULTIPLES, "n_multiple": 16}, name="x.sm_90a.acc1.f16")]
     shapes = ((96, 1020, 512), (40, 2048, 768))
     with pytest.raises(InputError) as info:
         check_constraints(shapes, kernels, "sm_90a")
@@ -746,7 +746,7 @@ def test_more_groups_than_built_lists_what_was_built() -> None:
 (96, 1024, 512)] on cuda:0 (NVIDIA H200, compute capability 9.0) (sm_90a); nothing was \
 launched.
         Built kernels (1):
-          - set 'mixed_2' sm_90a (mixed_2.sm_90a.acc1): (m, n, k) = [(96, 1024, 512), \
+          - set 'mixed_2' sm_90a (mixed_2.sm_90a.acc1.f16): (m, n, k) = [(96, 1024, 512), \
 (40, 2048, 768)]
         Add the shapes to shapes.yaml and rebuild, or call with built shapes.""")
     with pytest.raises(NoKernelError, match=r"^no built kernel serves 1 group\(s\) with "):

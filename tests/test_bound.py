@@ -84,9 +84,9 @@ def test_bind_checks_once_then_launches_cached_with_the_bound_pointers(setup) ->
     gg, rt, checks = setup
     a, b, sfa, sfb, out = call_args()
     bound = gg.bind(a, b, sfa, sfb, out)
-    assert checks == [1] and rt.events == [("plan", "dense.sm_90a.acc1", SHAPES)]
-    assert bound.kernel == "dense.sm_90a.acc1" and repr(bound) == (
-        "BoundGemm(kernel='dense.sm_90a.acc1', groups=2)")
+    assert checks == [1] and rt.events == [("plan", "dense.sm_90a.acc1.f16", SHAPES)]
+    assert bound.kernel == "dense.sm_90a.acc1.f16" and repr(bound) == (
+        "BoundGemm(kernel='dense.sm_90a.acc1.f16', groups=2)")
     ptrs = pointers(a, b, sfa, sfb, out)
     got = [bound() for _ in range(3)]
     # The first call builds the pointer table on the full path (overlap already checked at

@@ -35,6 +35,7 @@ schema_version: 1
 defaults:
   archs: [sm_90a, sm_100a]
   acc_stages: {sm_100a: [1, 2], sm_90a: [1]}
+  out_dtypes: [float16]
 sets:
   - name: moe
     groups: [[80, 4096, 7168], [176, 4096, 7168]]
@@ -45,7 +46,7 @@ sets:
     groups: [[96, 1024, 512], [40, 2048, 768]]
 """
 NAMES = sorted(f"{s}.{a}" for s in ("moe", "dense", "mixed")
-               for a in ("sm_90a.acc1", "sm_100a.acc1", "sm_100a.acc2"))
+               for a in ("sm_90a.acc1.f16", "sm_100a.acc1.f16", "sm_100a.acc2.f16"))
 
 
 def plan(fake: Fake, text: str = SPEC, module: str | None = None) -> list[BuildItem]:
@@ -77,7 +78,7 @@ def siblings(out: Path) -> list[str]:
 def test_plan_is_sorted_plain_data(fake: Fake) -> None:
     items = plan(fake)
     assert [it.name for it in items] == NAMES
-    moe90 = next(it for it in items if it.name == "moe.sm_90a.acc1")
+    moe90 = next(it for it in items if it.name == "moe.sm_90a.acc1.f16")
     assert (moe90.family, moe90.options, moe90.groups) == (
         "fake90", (("fail", 0), ("tile_m", 64)), ((80, 4096, 7168), (176, 4096, 7168)))
     for it in items:  # survives the trip to a worker as JSON
@@ -89,12 +90,12 @@ def test_plan_is_sorted_plain_data(fake: Fake) -> None:
 def test_key_covers_spec_and_sources_but_not_the_set_name(fake: Fake) -> None:
     base = {it.name: it.key for it in plan(fake)}
     renamed = {it.name: it.key for it in plan(fake, SPEC.replace("name: dense", "name: dense2"))}
-    assert renamed["dense2.sm_90a.acc1"] == base["dense.sm_90a.acc1"]
+    assert renamed["dense2.sm_90a.acc1.f16"] == base["dense.sm_90a.acc1.f16"]
     regrouped = {it.name: it.key for it in plan(fake, SPEC.replace("[192, 3072", "[200, 3072"))}
     assert {n for n in base if regrouped[n] != base[n]} == {
-        "dense.sm_90a.acc1", "dense.sm_100a.acc1", "dense.sm_100a.acc2"}
+        "dense.sm_90a.acc1.f16", "dense.sm_100a.acc1.f16", "dense.sm_100a.acc2.f16"}
     retiled = {it.name: it.key for it in plan(fake, SPEC.replace("tile_m: 64", "tile_m: 128"))}
-    assert {n for n in base if retiled[n] != base[n]} == {"moe.sm_90a.acc1"}
+    assert {n for n in base if retiled[n] != base[n]} == {"moe.sm_90a.acc1.f16"}
     with open(fake.family_dir("fake100") / "compile.py", "a") as f:
         f.write("# a change\n")
     touched = {it.name: it.key for it in plan(fake)}
@@ -205,7 +206,7 @@ def test_changing_one_family_source_rebuilds_only_its_kernels(fake: Fake, tmp_pa
         f.write("# tuned\n")
     report = run(fake, out)
     assert {r.name for r in report.rows if r.status == "compiled"} == {
-        "dense.sm_90a.acc1", "mixed.sm_90a.acc1", "moe.sm_90a.acc1"}
+        "dense.sm_90a.acc1.f16", "mixed.sm_90a.acc1.f16", "moe.sm_90a.acc1.f16"}
     assert [line.split()[0] for line in fake.compiles()[9:]] == ["fake90"] * 3
     new = {e.name: e for e in load_manifest(out).kernels}
     for name in NAMES:
@@ -224,9 +225,9 @@ def test_spec_change_rebuilds_only_changed_items_and_drops_removed(fake: Fake,
     text = text.replace("  - name: mixed\n    groups: [[96, 1024, 512], [40, 2048, 768]]\n", "")
     report = run(fake, out, text)
     assert {r.name: r.status for r in report.rows} == {
-        "dense.sm_100a.acc1": "compiled", "dense.sm_100a.acc2": "compiled",
-        "dense.sm_90a.acc1": "compiled", "moe.sm_100a.acc1": "reused",
-        "moe.sm_100a.acc2": "reused", "moe.sm_90a.acc1": "reused"}
+        "dense.sm_100a.acc1.f16": "compiled", "dense.sm_100a.acc2.f16": "compiled",
+        "dense.sm_90a.acc1.f16": "compiled", "moe.sm_100a.acc1.f16": "reused",
+        "moe.sm_100a.acc2.f16": "reused", "moe.sm_90a.acc1.f16": "reused"}
     assert len(fake.compiles()) == 12
     assert [e.name for e in load_manifest(out).kernels] == [n for n in NAMES
                                                               if not n.startswith("mixed")]
@@ -236,10 +237,10 @@ def test_spec_change_rebuilds_only_changed_items_and_drops_removed(fake: Fake,
 def test_altered_cubin_is_recompiled_not_reused(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     run(fake, out)
-    entry = load_manifest(out).kernel("dense.sm_90a.acc1")
+    entry = load_manifest(out).kernel("dense.sm_90a.acc1.f16")
     (out / entry.cubin).write_bytes(b"garbage")
     report = run(fake, out)
-    assert [r.name for r in report.rows if r.status == "compiled"] == ["dense.sm_90a.acc1"]
+    assert [r.name for r in report.rows if r.status == "compiled"] == ["dense.sm_90a.acc1.f16"]
     assert verify_dir(out) == []
 
 
@@ -263,7 +264,7 @@ FAILURES = [
          "align 8, but the PTX .entry fake_gemm_0 has size 4, align 4 (.param .u32 "
          "fake_gemm_0_param_1)")),
     (3, "WorkerExit: the sm_100a worker exited with code 17 before reporting this kernel"),
-    (4, ("BuildError: the cubin of mixed.sm_100a.acc1 is for sm_90a, but it was built for "
+    (4, ("BuildError: the cubin of mixed.sm_100a.acc1.f16 is for sm_90a, but it was built for "
          "sm_100a (CUTE_DSL_ARCH must be set before `import cutlass`)")),
     (5, ("BuildError: compile_kernel must return the cubin as non-empty bytes, but got str "
          "'/tmp/dump/missing.cubin' (a str here usually means the DSL dump directory did not "
@@ -286,7 +287,7 @@ def test_failed_build_leaves_old_directory_byte_identical(fake: Fake, tmp_path: 
     first = msg.splitlines()[0]
     assert first.startswith("build failed: 1 of 9 kernels failed")
     assert first.endswith(f"; {out} was left unchanged")
-    assert (f"  mixed.sm_100a.acc1 (set mixed, arch sm_100a, acc stages 1): {error}"
+    assert (f"  mixed.sm_100a.acc1.f16 (set mixed, arch sm_100a, acc stages 1, out float16): {error}"
             in msg.splitlines())
     assert tree_hash(out) == before
     assert siblings(out) == [".artifacts.lock", "artifacts"]
@@ -297,7 +298,7 @@ def test_launch_data_the_runtime_would_reject_fails_that_kernel(fake: Fake,
     with pytest.raises(BuildFailed) as info:
         run(fake, tmp_path / "a", SPEC + "    options: {sm_90a: {fail: 7}}\n")
     (failure,) = info.value.failures
-    assert failure.item.name == "mixed.sm_90a.acc1"
+    assert failure.item.name == "mixed.sm_90a.acc1.f16"
     assert failure.error["message"].startswith(
         "the recorded launch data is not a valid manifest entry: entry.kernels[0].params[0].kind "
         "must be one of ")
@@ -307,8 +308,8 @@ def test_keep_going_reports_every_failure(fake: Fake, tmp_path: Path) -> None:
     text = SPEC + "    options: {sm_100a: {fail: 1}}\n"
     with pytest.raises(BuildFailed) as info:
         run(fake, tmp_path / "a", text, jobs=1, keep_going=True)
-    assert [r.item.name for r in info.value.failures] == ["mixed.sm_100a.acc1",
-                                                          "mixed.sm_100a.acc2"]
+    assert [r.item.name for r in info.value.failures] == ["mixed.sm_100a.acc1.f16",
+                                                          "mixed.sm_100a.acc2.f16"]
     assert info.value.skipped == 0
     assert not (tmp_path / "a").exists()
     with pytest.raises(BuildFailed) as info:
@@ -462,7 +463,7 @@ def test_merge_refuses_different_keys_and_versions(fake: Fake, tmp_path: Path) -
     with open(fake.family_dir("fake90") / "config.py", "a") as f:
         f.write("# changed\n")
     run(fake, tmp_path / "b")
-    with pytest.raises(BuildError, match=r"^kernel dense.sm_90a.acc1 is in .*/a \(key \w{12}\) "
+    with pytest.raises(BuildError, match=r"^kernel dense.sm_90a.acc1.f16 is in .*/a \(key \w{12}\) "
                                          r"and in .*/b \(key \w{12}\) with different keys"):
         merge(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
     manifest = tmp_path / "b" / MANIFEST_NAME
@@ -488,13 +489,13 @@ def test_verify_catches_altered_missing_wrong_arch_and_stray(fake: Fake, tmp_pat
     assert ok.returncode == 0 and "ok (9 kernel(s)" in ok.stdout
     m = load_manifest(out)
     e = {k.name: k for k in m.kernels}
-    altered = out / e["dense.sm_100a.acc1"].cubin
+    altered = out / e["dense.sm_100a.acc1.f16"].cubin
     altered.write_bytes(altered.read_bytes()[:-1] + b"X")
-    (out / e["moe.sm_100a.acc2"].cubin).unlink()
+    (out / e["moe.sm_100a.acc2.f16"].cubin).unlink()
     # A valid cubin for the wrong arch, with the manifest's sha256 and size made to match it,
     # so that only the ELF check can notice.
-    wrong = (out / e["mixed.sm_100a.acc1"].cubin).read_bytes()
-    target = e["mixed.sm_90a.acc1"]
+    wrong = (out / e["mixed.sm_100a.acc1.f16"].cubin).read_bytes()
+    target = e["mixed.sm_90a.acc1.f16"]
     (out / target.cubin).write_bytes(wrong)
     text = (out / MANIFEST_NAME).read_text()
     text = text.replace(target.sha256, hashlib.sha256(wrong).hexdigest())
@@ -506,11 +507,11 @@ def test_verify_catches_altered_missing_wrong_arch_and_stray(fake: Fake, tmp_pat
     lines = bad.stderr.splitlines()
     assert lines[0] == f"{out}: 4 problem(s):"
     assert sorted(lines[1:]) == sorted([
-        (f"  dense.sm_100a.acc1: cubin {altered.relative_to(out)} has sha256 "
+        (f"  dense.sm_100a.acc1.f16: cubin {altered.relative_to(out)} has sha256 "
          f"{hashlib.sha256(altered.read_bytes()).hexdigest()[:16]}..., manifest says "
-         f"{e['dense.sm_100a.acc1'].sha256[:16]}... (altered or corrupt: rebuild it)"),
-        f"  moe.sm_100a.acc2: cubin {e['moe.sm_100a.acc2'].cubin} is missing",
-        f"  mixed.sm_90a.acc1: cubin {target.cubin} is for sm_100a, manifest says sm_90a",
+         f"{e['dense.sm_100a.acc1.f16'].sha256[:16]}... (altered or corrupt: rebuild it)"),
+        f"  moe.sm_100a.acc2.f16: cubin {e['moe.sm_100a.acc2.f16'].cubin} is missing",
+        f"  mixed.sm_90a.acc1.f16: cubin {target.cubin} is for sm_100a, manifest says sm_90a",
         "  stray file cubins/leftover.cubin (not in the manifest)",
     ])
     # A build repairs it all: bad cubins are recompiled, the stray file is dropped.
@@ -557,7 +558,7 @@ def test_cli_build_failure_exits_1_naming_the_spec(fake: Fake, tmp_path: Path) -
     spec.write_text(SPEC + "    options: {sm_90a: {fail: 1}}\n")
     proc = cli(fake, "build", "--spec", str(spec), "--out", str(tmp_path / "out"))
     assert proc.returncode == 1
-    assert ("  mixed.sm_90a.acc1 (set mixed, arch sm_90a, acc stages 1): RuntimeError: fake "
+    assert ("  mixed.sm_90a.acc1.f16 (set mixed, arch sm_90a, acc stages 1, out float16): RuntimeError: fake "
             "compiler failure (fail=1)") in proc.stderr
     assert "Traceback" in proc.stderr  # not one of our errors: the traceback helps fix it
     assert not (tmp_path / "out").exists()
@@ -570,7 +571,7 @@ def test_cli_only_shard_summary_and_list(fake: Fake, tmp_path: Path) -> None:
     proc = cli(fake, "build", "--spec", str(spec), "--out", str(out), "--only", "mixed",
                "--only", "moe", "--shard", "0/2", "-j", "3")
     assert proc.returncode == 0, proc.stderr
-    names = ["mixed.sm_100a.acc1", "mixed.sm_90a.acc1", "moe.sm_100a.acc2"]
+    names = ["mixed.sm_100a.acc1.f16", "mixed.sm_90a.acc1.f16", "moe.sm_100a.acc2.f16"]
     lines = proc.stdout.splitlines()
     assert lines[0].split() == ["kernel", "arch", "acc", "cubin", "KiB", "smem", "KiB",
                                 "compile", "s", "status"]
@@ -581,7 +582,7 @@ def test_cli_only_shard_summary_and_list(fake: Fake, tmp_path: Path) -> None:
     assert listed.returncode == 0
     rows = json.loads(listed.stdout)
     assert [r["kernel"] for r in rows] == names
-    assert rows[0] == {"kernel": "mixed.sm_100a.acc1", "arch": "sm_100a", "acc": 1,
+    assert rows[0] == {"kernel": "mixed.sm_100a.acc1.f16", "arch": "sm_100a", "acc": 1,
                        "symbol": "fake_gemm_0", "cubin_kib": rows[0]["cubin_kib"],
                        "smem": 131072, "groups": "2: 96x1024x512, 40x2048x768"}
     table = cli(fake, "list", str(out))
@@ -628,7 +629,7 @@ def test_dsl_build_with_wrong_abi_fails_naming_the_parameter(fake: Fake, tmp_pat
     text = SPEC + "    options: {sm_90a: {fail: 2}}\n"
     with pytest.raises(BuildFailed) as info:
         run(fake, tmp_path / "artifacts", text, module=fake.dsl_module)
-    assert ("  mixed.sm_90a.acc1 (set mixed, arch sm_90a, acc stages 1): BuildError: launch ABI "
+    assert ("  mixed.sm_90a.acc1.f16 (set mixed, arch sm_90a, acc stages 1, out float16): BuildError: launch ABI "
             "mismatch at parameter 1 ('num_groups'): recorded size 8, align 8, but the PTX "
             ".entry fake_gemm_0 has size 4, align 4 (.param .u32 fake_gemm_0_param_1)"
             in str(info.value).splitlines())

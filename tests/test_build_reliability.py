@@ -350,7 +350,7 @@ def test_cli_failure_on_one_spec_leaves_the_directory_and_names_it(hooked: Fake,
     head = next(ln for ln in lines if ln.startswith("error: build failed: "))
     assert head.startswith("error: build failed: 1 of 9 kernels failed")
     assert head.endswith(f"; {out} was left unchanged")
-    assert ("  mixed.sm_100a.acc1 (set mixed, arch sm_100a, acc stages 1): WorkerExit: the "
+    assert ("  mixed.sm_100a.acc1.f16 (set mixed, arch sm_100a, acc stages 1, out float16): WorkerExit: the "
             "sm_100a worker exited with code 17 before reporting this kernel") in lines
     assert tree_hash(out) == states["old"]
     assert siblings(out) == [".artifacts.lock", "artifacts"]

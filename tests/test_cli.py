@@ -50,7 +50,7 @@ def test_help_of_every_command_has_examples() -> None:
     top = cli("--help")
     assert top.returncode == 0
     assert all(f"  {c} " in top.stdout for c in COMMANDS)
-    assert "inspect moe_down.sm_90a.acc1" in top.stdout and "package artifacts" in top.stdout
+    assert "inspect moe_down.sm_90a.acc1.f16" in top.stdout and "package artifacts" in top.stdout
     for c in COMMANDS:
         proc = cli(c, "--help")
         assert proc.returncode == 0, (c, proc.stderr)
@@ -65,12 +65,12 @@ def test_list_table_shows_serving_symbol_and_resources(art: Path) -> None:
                                 "KiB", "cubin", "KiB", "sha256", "params", "served", "groups"]
     rows = {ln.split()[0]: ln for ln in lines[2:]}
     assert sorted(rows) == KERNELS
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1")
-    assert rows["tiny.sm_90a.acc1"].split() == [
-        "tiny.sm_90a.acc1", "sm_90a", "1", "fake_gemm_0", "128x1x1", "1x1x1", "128.0",
+    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    assert rows["tiny.sm_90a.acc1.f16"].split() == [
+        "tiny.sm_90a.acc1.f16", "sm_90a", "1", "fake_gemm_0", "128x1x1", "1x1x1", "128.0",
         f"{e.cubin_bytes / 1024:.1f}", e.sha256[:12], "2", "(12", "B)", "2:", "40x128x256,",
         "72x256x512"]
-    assert rows["dense.sm_100a.acc1"].endswith("1: m 192, n 3072, k 4096")
+    assert rows["dense.sm_100a.acc1.f16"].endswith("1: m 192, n 3072, k 4096")
 
 
 def test_list_json_keeps_its_fields(art: Path) -> None:
@@ -82,13 +82,13 @@ def test_list_json_keeps_its_fields(art: Path) -> None:
 
 def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
     with_tma_param(art)
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1")
-    proc = cli("inspect", "tiny.sm_90a.acc1", "--artifacts", str(art))
+    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    proc = cli("inspect", "tiny.sm_90a.acc1.f16", "--artifacts", str(art))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     head = dict(ln.split(None, 1) for ln in out.split("\n\n")[0].splitlines())
     assert head == {
-        "kernel": "tiny.sm_90a.acc1",
+        "kernel": "tiny.sm_90a.acc1.f16",
         "serves": "2: 40x128x256, 72x256x512 (k multiple 256)",
         "groups": "40x128x256, 72x256x512",
         "set": "tiny, arch sm_90a, family fake90, acc stages 1",
@@ -117,16 +117,16 @@ def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
 
 
 def test_inspect_json_sets_patterns_and_unknown_names(art: Path) -> None:
-    proc = cli("inspect", "tiny.sm_90a.acc1", "--artifacts", str(art), "--json")
+    proc = cli("inspect", "tiny.sm_90a.acc1.f16", "--artifacts", str(art), "--json")
     (entry,) = json.loads(proc.stdout)
-    assert entry["name"] == "tiny.sm_90a.acc1" and entry["artifacts"] == str(art)
+    assert entry["name"] == "tiny.sm_90a.acc1.f16" and entry["artifacts"] == str(art)
     assert entry["served"] == "2: 40x128x256, 72x256x512" and entry["param_bytes"] == 12
     assert [p["name"] for p in entry["params"]] == ["problem_sizes", "num_groups"]
     assert entry["block"] == [128, 1, 1] and len(entry["sha256"]) == 64
     by_set = json.loads(cli("inspect", "tiny", "--artifacts", str(art), "--json").stdout)
-    assert [e["name"] for e in by_set] == ["tiny.sm_100a.acc1", "tiny.sm_90a.acc1"]
+    assert [e["name"] for e in by_set] == ["tiny.sm_100a.acc1.f16", "tiny.sm_90a.acc1.f16"]
     by_glob = json.loads(cli("inspect", "*.sm_90a.*", "--artifacts", str(art), "--json").stdout)
-    assert [e["name"] for e in by_glob] == ["dense.sm_90a.acc1", "tiny.sm_90a.acc1"]
+    assert [e["name"] for e in by_glob] == ["dense.sm_90a.acc1.f16", "tiny.sm_90a.acc1.f16"]
     text = cli("inspect", "tiny", "--artifacts", str(art)).stdout
     assert text.count("launch ABI:") == 2
     proc = cli("inspect", "nope", "--artifacts", str(art))
@@ -152,9 +152,9 @@ def test_package_then_list_and_inspect_the_installed_package(art: Path, tmp_path
     site = unpack(wheel, tmp_path / "site")
     listed = cli("list", "pkg:moe", "--json", pythonpath=[site])
     assert listed.returncode == 0, listed.stderr
-    assert [r["kernel"] for r in json.loads(listed.stdout)] == ["dense.sm_90a.acc1",
-                                                                "tiny.sm_90a.acc1"]
-    shown = cli("inspect", "tiny.sm_90a.acc1", "--artifacts", "pkg:moe", pythonpath=[site])
+    assert [r["kernel"] for r in json.loads(listed.stdout)] == ["dense.sm_90a.acc1.f16",
+                                                                "tiny.sm_90a.acc1.f16"]
+    shown = cli("inspect", "tiny.sm_90a.acc1.f16", "--artifacts", "pkg:moe", pythonpath=[site])
     assert shown.returncode == 0 and "nvfp4_artifacts_moe/artifacts/cubins/" in shown.stdout
     missing = cli("list", "pkg:other", pythonpath=[site])
     assert missing.returncode == 1

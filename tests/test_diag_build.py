@@ -48,7 +48,7 @@ def test_compute_only_build_has_no_tma_and_no_consumer_waits(tmp_path: Path) -> 
     from kernels.introspect import nvdisasm_path
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text("schema_version: 1\ndefaults:\n  archs: [sm_90a]\n  acc_stages: {sm_90a: [1]}\n"
+    spec.write_text("schema_version: 1\ndefaults:\n  archs: [sm_90a]\n  acc_stages: {sm_90a: [1]}\n  out_dtypes: [float16]\n"
                     "sets:\n  - name: one\n    groups: [[128, 256, 256]]\n")
     out = tmp_path / "art"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "diag_build.py"), "compute_only",

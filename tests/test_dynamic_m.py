@@ -51,6 +51,7 @@ schema_version: 1
 defaults:
   archs: [sm_90a, sm_100a]
   acc_stages: {sm_100a: [1, 2], sm_90a: [1]}
+  out_dtypes: [float16]
 sets:
   - name: moe
     groups: [[80, 4096, 7168], [176, 7168, 2048]]
@@ -74,14 +75,14 @@ def items_of(fake: Fake, text: str = SPEC) -> dict[str, BuildItem]:
 
 def test_dynamic_items_carry_n_k_groups_and_their_own_keys(fake: Fake) -> None:
     items = items_of(fake)
-    dyn = items["moe_any_m.sm_90a.acc1"]
+    dyn = items["moe_any_m.sm_90a.acc1.f16"]
     assert (dyn.groups, dyn.dynamic_m, dyn.max_m) == (((4096, 7168), (7168, 2048)), True, 4096)
     assert dyn.compile_groups() == [[4096, 4096, 7168], [4096, 7168, 2048]]
-    free = items["moe_any_m_unbounded.sm_90a.acc1"]
+    free = items["moe_any_m_unbounded.sm_90a.acc1.f16"]
     assert (free.dynamic_m, free.max_m) == (True, None)
     assert free.compile_groups() == [[DYNAMIC_M_PLACEHOLDER, 4096, 7168],
                                      [DYNAMIC_M_PLACEHOLDER, 7168, 2048]]
-    exact = items["moe.sm_90a.acc1"]
+    exact = items["moe.sm_90a.acc1.f16"]
     assert (exact.dynamic_m, exact.max_m) == (False, None)
     assert exact.compile_groups() == [[80, 4096, 7168], [176, 7168, 2048]]
     for it in items.values():  # survives the JSON trip to a worker
@@ -90,7 +91,7 @@ def test_dynamic_items_carry_n_k_groups_and_their_own_keys(fake: Fake) -> None:
     assert len({it.key for it in items.values()}) == len(items)
     bumped = items_of(fake, SPEC.replace("max_m: 4096", "max_m: 2048"))
     assert {n for n in items if bumped[n].key != items[n].key} == {
-        "moe_any_m.sm_90a.acc1", "moe_any_m.sm_100a.acc1", "moe_any_m.sm_100a.acc2"}
+        "moe_any_m.sm_90a.acc1.f16", "moe_any_m.sm_100a.acc1.f16", "moe_any_m.sm_100a.acc2.f16"}
     # An old job file (no dynamic fields) still reads as an exact item.
     d = exact.to_dict()
     del d["dynamic_m"], d["max_m"]
@@ -99,7 +100,7 @@ def test_dynamic_items_carry_n_k_groups_and_their_own_keys(fake: Fake) -> None:
 
 def test_recorded_constraints_rewrite_only_dynamic_items(fake: Fake) -> None:
     items = items_of(fake)
-    exact, dyn = items["moe.sm_90a.acc1"], items["moe_any_m.sm_90a.acc1"]
+    exact, dyn = items["moe.sm_90a.acc1.f16"], items["moe_any_m.sm_90a.acc1.f16"]
     family = {"groups": dyn.compile_groups(), "k_multiple": 256, "n_multiple": 8}
     assert exact.recorded_constraints({"groups": [[1, 2, 3]]}) == {"groups": [[1, 2, 3]]}
     assert dyn.recorded_constraints(family) == {
@@ -108,10 +109,10 @@ def test_recorded_constraints_rewrite_only_dynamic_items(fake: Fake) -> None:
     with pytest.raises(BuildError) as info:
         dyn.recorded_constraints({"groups": [[128, 4096, 7168]], "k_multiple": 256})
     assert str(info.value) == (
-        "moe_any_m.sm_90a.acc1: a dynamic-m set needs a family whose compile_kernel records the "
+        "moe_any_m.sm_90a.acc1.f16: a dynamic-m set needs a family whose compile_kernel records the "
         "groups it was given as constraints.groups ([[4096, 4096, 7168], [4096, 7168, 2048]]), "
         "but it recorded [[128, 4096, 7168]]")
-    with pytest.raises(BuildError, match=r"^moe_any_m.sm_90a.acc1: the family already recorded "
+    with pytest.raises(BuildError, match=r"^moe_any_m.sm_90a.acc1.f16: the family already recorded "
                                          r"constraints.dynamic_m = True; the builder owns"):
         dyn.recorded_constraints({**family, "dynamic_m": True})
 
@@ -122,21 +123,21 @@ def test_pipeline_builds_a_dynamic_set_the_runtime_serves(fake: Fake, tmp_path: 
     out = tmp_path / "artifacts"
     build(items, out, fams, jobs=2)
     kernels = {e.name: e for e in load_manifest(out).kernels}
-    assert kernels["moe_any_m.sm_90a.acc1"].constraints == {
+    assert kernels["moe_any_m.sm_90a.acc1.f16"].constraints == {
         "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": 4096}, "k_multiple": 256}
-    assert kernels["moe_any_m_unbounded.sm_100a.acc2"].constraints == {
+    assert kernels["moe_any_m_unbounded.sm_100a.acc2.f16"].constraints == {
         "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": None}, "k_multiple": 256}
-    assert kernels["moe.sm_90a.acc1"].constraints == {
+    assert kernels["moe.sm_90a.acc1.f16"].constraints == {
         "groups": [[80, 4096, 7168], [176, 7168, 2048]], "k_multiple": 256}
     # The workers handed the family the placeholder rows (compile log written by the workers).
     assert "fake90 sm_90a acc1 [[4096, 4096, 7168], [4096, 7168, 2048]]" in fake.compiles()
     index = runtime.load(out).index
-    assert index.select(((80, 4096, 7168), (176, 7168, 2048)), "sm_90a").name == "moe.sm_90a.acc1"
+    assert index.select(((80, 4096, 7168), (176, 7168, 2048)), "sm_90a").name == "moe.sm_90a.acc1.f16"
     for ms in ((0, 0), (0, 5), (81, 4096), (4096, 1)):
         shapes = ((ms[0], 4096, 7168), (ms[1], 7168, 2048))
-        assert index.select(shapes, "sm_90a").name == "moe_any_m.sm_90a.acc1", ms
+        assert index.select(shapes, "sm_90a").name == "moe_any_m.sm_90a.acc1.f16", ms
     over = ((4097, 4096, 7168), (1, 7168, 2048))
-    assert index.select(over, "sm_90a").name == "moe_any_m_unbounded.sm_90a.acc1"
+    assert index.select(over, "sm_90a").name == "moe_any_m_unbounded.sm_90a.acc1.f16"
     # Incremental: a second build compiles nothing.
     before = len(fake.compiles())
     report = build(items, out, fams, jobs=2)
@@ -156,7 +157,7 @@ def test_report_lists_what_dynamic_kernels_serve() -> None:
 NK = [[4096, 7168], [7168, 2048]]
 
 
-def dyn_entry(name: str = "moe_any_m.sm_90a.acc1", groups: list = NK, max_m: int | None = 4096,
+def dyn_entry(name: str = "moe_any_m.sm_90a.acc1.f16", groups: list = NK, max_m: int | None = 4096,
               **over):
     e, _ = entry(name, set_=name.split(".")[0],
                  constraints={"dynamic_m": {"groups": groups, "max_m": max_m},
@@ -191,14 +192,14 @@ def test_dispatch_reads_the_dynamic_m_record() -> None:
      "constraints.dynamic_m.max_m must be a positive int or null, but got True"),
 ])
 def test_dispatch_rejects_malformed_dynamic_m(constraints: dict, message: str) -> None:
-    e, _ = entry("bad.sm_90a.acc1", constraints=constraints)
+    e, _ = entry("bad.sm_90a.acc1.f16", constraints=constraints)
     with pytest.raises(ManifestError) as info:
         KernelIndex([e])
-    assert str(info.value) == f"kernel 'bad.sm_90a.acc1': {message}"
+    assert str(info.value) == f"kernel 'bad.sm_90a.acc1.f16': {message}"
 
 
 def test_dispatch_serves_any_m_exact_first() -> None:
-    exact, _ = entry("moe.sm_90a.acc1", set_="moe", groups=[[80, 4096, 7168], [176, 7168, 2048]])
+    exact, _ = entry("moe.sm_90a.acc1.f16", set_="moe", groups=[[80, 4096, 7168], [176, 7168, 2048]])
     dyn = dyn_entry()
     index = KernelIndex([dyn, exact])
     assert index.select(((80, 4096, 7168), (176, 7168, 2048)), "sm_90a") is exact
@@ -220,10 +221,10 @@ def test_dispatch_over_max_m_names_the_bound() -> None:
     assert str(info.value).splitlines()[:4] == [
         "no built kernel serves 2 group(s) with (m, n, k) = [(4097, 4096, 7168), "
         "(5000, 7168, 2048)] on cuda:0 (sm_90a); nothing was launched.",
-        "Kernel moe_any_m.sm_90a.acc1 has these (n, k) but serves m <= 4096 only; "
+        "Kernel moe_any_m.sm_90a.acc1.f16 has these (n, k) but serves m <= 4096 only; "
         "(group, m) over it: [(0, 4097), (1, 5000)].",
         "Built kernels (1):",
-        "  - set 'moe_any_m' sm_90a (moe_any_m.sm_90a.acc1): any m <= 4096, (n, k) = "
+        "  - set 'moe_any_m' sm_90a (moe_any_m.sm_90a.acc1.f16): any m <= 4096, (n, k) = "
         "[(4096, 7168), (7168, 2048)]",
     ]
 
@@ -231,7 +232,7 @@ def test_dispatch_over_max_m_names_the_bound() -> None:
 def test_dispatch_unbounded_m_still_keeps_m_times_n_in_32_bits() -> None:
     index = KernelIndex([dyn_entry(max_m=None)])
     ok = ((2**31 // 4096 - 1, 4096, 7168), (0, 7168, 2048))
-    assert index.select(ok, "sm_90a").name == "moe_any_m.sm_90a.acc1"
+    assert index.select(ok, "sm_90a").name == "moe_any_m.sm_90a.acc1.f16"
     with pytest.raises(InputError) as info:
         index.select(((1, 4096, 7168), (299594, 7168, 2048)), "sm_90a")
     assert str(info.value) == ("a_list[1].shape[0] (m) must keep m * n < 2^31 (the kernels index "
@@ -306,7 +307,7 @@ def problem(ms=(40, 0), nk=((256, 512), (128, 256)), a_dtype=FP4):
 @pytest.fixture
 def gg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A GroupedGemm over one dynamic-m kernel, CPU tensors accepted as if on cuda:0."""
-    e = dyn_entry("small_any_m.sm_90a.acc1", groups=[[256, 512], [128, 256]], max_m=None)
+    e = dyn_entry("small_any_m.sm_90a.acc1.f16", groups=[[256, 512], [128, 256]], max_m=None)
     g = runtime.load(write_artifacts(tmp_path / "art", [(e, fake_cubin("sm_90a"))]))
     rt = FakeRT(e)
     g._runtimes[0] = rt
@@ -737,7 +738,7 @@ def test_host_cost_bench_runs_without_a_gpu(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    kernels = [(dyn_entry(f"tiny{g}_any_m.sm_90a.acc1", groups=[[128, 256]] * g, max_m=None),
+    kernels = [(dyn_entry(f"tiny{g}_any_m.sm_90a.acc1.f16", groups=[[128, 256]] * g, max_m=None),
                 fake_cubin("sm_90a")) for g in (2, 8)]
     art = write_artifacts(tmp_path / "art", kernels)
     repo = Path(__file__).resolve().parents[1]
@@ -750,7 +751,7 @@ def test_host_cost_bench_runs_without_a_gpu(tmp_path: Path) -> None:
     assert "TOTAL grouped_gemm(out=...) (fast path)" in res.stdout
     report = json.loads((tmp_path / "out.json").read_text())
     assert sorted(report["results"]) == ["2", "8"]
-    assert report["meta"]["8"]["kernel"] == "tiny8_any_m.sm_90a.acc1"
+    assert report["meta"]["8"]["kernel"] == "tiny8_any_m.sm_90a.acc1.f16"
     for rows in report["results"].values():
         assert rows["total"] > 0 and rows["dynamic_new_m"] > 0
 
@@ -806,7 +807,7 @@ def test_plan_rejects_a_header_without_a_barrier_parameter_and_the_reverse() -> 
     with pytest.raises(runtime.ManifestError) as info:
         make_plan(no_param, shapes, 132)
     assert str(info.value) == (
-        "kernel 'dense.sm_90a.acc1': tables.tensormap_workspace.header_bytes is 128 but the "
+        "kernel 'dense.sm_90a.acc1.f16': tables.tensormap_workspace.header_bytes is 128 but the "
         "kernel has no grid_barrier parameter; a zeroed header and a grid_barrier parameter "
         "come together")
     no_header = dataclasses.replace(staged_entry(), tables=entry()[0].tables)

@@ -40,13 +40,14 @@ schema_version: 1
 defaults:
   archs: [sm_90a, sm_100a]
   acc_stages: {sm_100a: [1], sm_90a: [1]}
+  out_dtypes: [float16]
 sets:
   - name: tiny
     groups: [[40, 128, 256], [72, 256, 512]]
   - name: dense
     groups: [[192, 3072, 4096]]
 """
-KERNELS = ["dense.sm_100a.acc1", "dense.sm_90a.acc1", "tiny.sm_100a.acc1", "tiny.sm_90a.acc1"]
+KERNELS = ["dense.sm_100a.acc1.f16", "dense.sm_90a.acc1.f16", "tiny.sm_100a.acc1.f16", "tiny.sm_90a.acc1.f16"]
 
 
 def fake_artifacts(fake: Fake, out: Path, text: str = SPEC) -> Path:
@@ -147,7 +148,7 @@ def test_default_version_is_the_runtime_version(art: Path, tmp_path: Path) -> No
 
 def test_arch_filter_packages_a_consistent_subset(art: Path, tmp_path: Path) -> None:
     r = build_wheel(art, tmp_path / "dist", name="hopper", archs=["sm_90a"])
-    assert list(r.kernels) == ["dense.sm_90a.acc1", "tiny.sm_90a.acc1"]
+    assert list(r.kernels) == ["dense.sm_90a.acc1.f16", "tiny.sm_90a.acc1.f16"]
     site = unpack(r.wheel, tmp_path / "site")
     d = site / "nvfp4_artifacts_hopper" / "artifacts"
     m = load_manifest(d)

@@ -102,7 +102,7 @@ def sm100_params() -> tuple[Param, ...]:
                    + [_tma(op) for op in ("a", "b", "sfa", "sfb")] + _tables())
 
 
-def entry(name: str = "dense.sm_90a.acc1", *, set_: str = "dense", arch: str = "sm_90a",
+def entry(name: str = "dense.sm_90a.acc1.f16", *, set_: str = "dense", arch: str = "sm_90a",
           groups: list | None = None, params: tuple[Param, ...] | None = None,
           cubin: bytes | None = None, **over) -> tuple[KernelEntry, bytes]:
     image = cubin if cubin is not None else fake_cubin(arch, name.encode())
@@ -171,7 +171,7 @@ def test_cubin_missing(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as exc:
         store.read_cubin(e)
     assert str(exc.value) == (
-        f"cubin of kernel 'dense.sm_90a.acc1' is missing: {tmp_path / e.cubin}; rebuild the "
+        f"cubin of kernel 'dense.sm_90a.acc1.f16' is missing: {tmp_path / e.cubin}; rebuild the "
         "artifacts with `python build_kernels.py build` or restore the directory")
 
 
@@ -183,7 +183,7 @@ def test_cubin_altered_names_file_and_both_hashes(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as exc:
         store.read_cubin(e)
     assert str(exc.value) == (
-        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1' has sha256 "
+        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1.f16' has sha256 "
         f"{hashlib.sha256(bad).hexdigest()}, but the manifest records {e.sha256}; the file is "
         "altered or truncated, rebuild it")
 
@@ -195,7 +195,7 @@ def test_cubin_truncated(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as exc:
         store.read_cubin(e)
     assert str(exc.value) == (
-        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1' has sha256 "
+        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1.f16' has sha256 "
         f"{hashlib.sha256(image[:40]).hexdigest()}, but the manifest records {e.sha256}; it has "
         f"40 bytes, the manifest records {len(image)} (truncated); the file is altered or "
         "truncated, rebuild it")
@@ -208,7 +208,7 @@ def test_cubin_for_another_arch(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError) as exc:
         store.read_cubin(e)
     assert str(exc.value) == (
-        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1' must target sm_90a "
+        f"cubin {tmp_path / e.cubin} of kernel 'dense.sm_90a.acc1.f16' must target sm_90a "
         "(manifest), but its ELF header says sm_100a")
 
 
@@ -240,7 +240,7 @@ def test_param_layout_check_names_the_parameter() -> None:
     with pytest.raises(ArtifactError) as exc:
         check_param_layout(e, bad)
     assert str(exc.value) == (
-        f"kernel 'dense.sm_90a.acc1': parameter 5 'workspace' must be at offset {good[5][0]} "
+        f"kernel 'dense.sm_90a.acc1.f16': parameter 5 'workspace' must be at offset {good[5][0]} "
         f"with size 8 (manifest layout from a parameter base at 0 mod 128), but the cubin has "
         f"offset {good[5][0] + 8} and size 8. The manifest's ABI does not match the cubin; "
         "rebuild.")
@@ -290,8 +290,8 @@ def _shapes(groups: list) -> tuple[tuple[int, int, int], ...]:
 
 
 def test_dispatch_exact_match_per_arch() -> None:
-    e90, _ = entry("dense_a.sm_90a.acc1", set_="dense_a", groups=DENSE_A)
-    e100, _ = entry("dense_a.sm_100a.acc1", set_="dense_a", arch="sm_100a", groups=DENSE_A)
+    e90, _ = entry("dense_a.sm_90a.acc1.f16", set_="dense_a", groups=DENSE_A)
+    e100, _ = entry("dense_a.sm_100a.acc1.f16", set_="dense_a", arch="sm_100a", groups=DENSE_A)
     index = KernelIndex([e90, e100])
     assert index.select(_shapes(DENSE_A), "sm_90a") is e90
     assert index.select(_shapes(DENSE_A), "sm_100a") is e100
@@ -301,9 +301,9 @@ def test_dispatch_exact_match_per_arch() -> None:
 
 
 def test_dispatch_no_match_lists_what_was_built() -> None:
-    e1, _ = entry("dense_a.sm_90a.acc1", set_="dense_a", groups=DENSE_A)
-    e2, _ = entry("moe_down.sm_100a.acc2", set_="moe_down", arch="sm_100a", groups=MOE_DOWN)
-    e3, _ = entry("moe_dyn.sm_90a.acc1", set_="moe_dyn", groups=[[7168, 2048]],
+    e1, _ = entry("dense_a.sm_90a.acc1.f16", set_="dense_a", groups=DENSE_A)
+    e2, _ = entry("moe_down.sm_100a.acc2.f16", set_="moe_down", arch="sm_100a", groups=MOE_DOWN)
+    e3, _ = entry("moe_dyn.sm_90a.acc1.f16", set_="moe_dyn", groups=[[7168, 2048]],
                   constraints={"dynamic_m": {"groups": [[7168, 2048]], "max_m": 4096}})
     index = KernelIndex([e1, e2, e3])
     with pytest.raises(NoKernelError) as exc:
@@ -313,11 +313,11 @@ def test_dispatch_no_match_lists_what_was_built() -> None:
 (168, 7168, 2048)] on cuda:0 (NVIDIA H200, compute capability 9.0) (sm_90a); nothing was \
 launched.
         Built kernels (3):
-          - set 'dense_a' sm_90a (dense_a.sm_90a.acc1): (m, n, k) = [(192, 3072, 4096), \
+          - set 'dense_a' sm_90a (dense_a.sm_90a.acc1.f16): (m, n, k) = [(192, 3072, 4096), \
 (320, 3072, 4096)]
-          - set 'moe_down' sm_100a (moe_down.sm_100a.acc2): (m, n, k) = [(40, 7168, 2048), \
+          - set 'moe_down' sm_100a (moe_down.sm_100a.acc2.f16): (m, n, k) = [(40, 7168, 2048), \
 (76, 7168, 2048), (168, 7168, 2048)]
-          - set 'moe_dyn' sm_90a (moe_dyn.sm_90a.acc1): any m <= 4096, (n, k) = [(7168, 2048)]
+          - set 'moe_dyn' sm_90a (moe_dyn.sm_90a.acc1.f16): any m <= 4096, (n, k) = [(7168, 2048)]
         Add the shapes to shapes.yaml and rebuild, or call with built shapes.""")
 
 
@@ -411,7 +411,7 @@ def test_plan_every_sm_grid_ignores_the_tile_count() -> None:
     assert grid_size(sk, 0, 132) == 0  # nothing to compute: no launch
     with pytest.raises(ManifestError) as exc:
         grid_size(dataclasses.replace(e, grid={**e.grid, "every_sm": 1}), 80, 132)
-    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1': grid.every_sm must be true or "
+    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1.f16': grid.every_sm must be true or "
                               "false, but got 1")
 
 
@@ -419,7 +419,7 @@ def test_plan_checks_baked_sm_count_and_policy() -> None:
     e, _ = entry(sm_count=148)
     with pytest.raises(ArtifactError) as exc:
         make_plan(e, _shapes(DENSE_A), sm_count=132)
-    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1' was built for 148 SMs (baked into the "
+    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1.f16' was built for 148 SMs (baked into the "
                               "cubin), but the device has 132; rebuild it for this device")
     assert make_plan(e, _shapes(DENSE_A), sm_count=148).grid == 120
     bad, _ = entry(grid={"policy": "one_cta_per_tile"})

@@ -104,17 +104,17 @@ CASES = [
     ("sets:", "set:",
      E + "unknown key 'set'; did you mean 'sets'? (allowed keys: schema_version, defaults, sets)"),
     ("defaults:", "defaults:\n  group: 1",
-     E + "defaults: unknown key 'group' (allowed keys: archs, acc_stages, options)"),
+     E + "defaults: unknown key 'group' (allowed keys: archs, acc_stages, options, out_dtypes)"),
     ("    groups: [[40", "    grups: [[40",
      E + "sets[moe_down]: unknown key 'grups'; did you mean 'groups'? (allowed keys: name, "
-     "groups, m, max_m, archs, acc_stages, options)"),
+     "groups, m, max_m, archs, acc_stages, options, out_dtypes)"),
     ("tile_m: 64", "tile_k: 64",
      E + "sets[moe_down].options.sm_90a: unknown key 'tile_k'; did you mean 'tile_m'? "
      "(allowed keys: tile_m, fail)"),
     # missing keys
     ("  - name: moe_down\n", "  - nmae: moe_down\n",
      E + "sets[1]: unknown key 'nmae'; did you mean 'name'? (allowed keys: name, groups, m, "
-     "max_m, archs, acc_stages, options)"),
+     "max_m, archs, acc_stages, options, out_dtypes)"),
     ("    groups: [[80, 4096, 7168], [176, 4096, 7168]]\n", "",
      E + "sets[moe_gateup]: key 'groups' is missing"),
     ("  archs: [sm_90a, sm_100a]\n", "",
@@ -268,8 +268,10 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     for s in sets.values():
         assert s.archs == ("sm_90a", "sm_100a")
         assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
+    # Every set builds both output types (issue 24: bf16 for models, fp16 for the seed's API).
+    assert all(s.out_dtypes == ("bfloat16", "float16") for s in spec.sets)
     items = expand(spec, fams)
-    assert len(items) == 3 * len(sets) + 3
+    assert len(items) == 2 * (3 * len(sets) + 3)
     assert len({it.name for it in items}) == len(items)
 
 
@@ -345,7 +347,7 @@ DYN_CASES = [
      "`m: dynamic` and [n, k] groups), but got a list of 2"),
     ("max_m: 4096", "max_m: 4096\n    m_max: 1",
      D + ": unknown key 'm_max'; did you mean 'max_m'? (allowed keys: name, groups, m, max_m, "
-     "archs, acc_stages, options)"),
+     "archs, acc_stages, options, out_dtypes)"),
     ("    m: dynamic\n", "    m: dynamic\n    m: dynamic\n",
      E + "line 13, column 5: duplicate key 'm' (first written on line 12)"),
 ]

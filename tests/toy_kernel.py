@@ -156,7 +156,7 @@ def build(out_dir: str) -> Path:
     (out / "cubins" / "toy.cubin").write_bytes(cubin)
     digest = hashlib.sha256(cubin).hexdigest()
     kernels = [{
-        "name": f"{name}.sm_90a.acc1", "key": digest[:16], "set": name, "arch": "sm_90a",
+        "name": f"{name}.sm_90a.acc1.f16", "key": digest[:16], "set": name, "arch": "sm_90a",
         "family": "toy", "acc_stages": 1, "symbol": symbol, "cubin": "cubins/toy.cubin",
         "sha256": digest, "cubin_bytes": len(cubin), "block": [THREADS, 1, 1],
         "cluster": [1, 1, 1], "dynamic_smem": 0, "sm_count": None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.manifest import OUT_DTYPES
+
 # K elements per pipeline stage: one 128-byte row of packed fp4 per operand row.
 K_TILE = 256
 # Block scales in the blocked layout (facts.md): a 512-byte atom holds 128 rows x 4 scales (64 K);
@@ -33,6 +35,9 @@ TILE_NS = (128, 192)
 @dataclass(frozen=True)
 class Config:
     acc_stages: int = 1
+    # The element type C is written in (shapes.yaml `out_dtypes`, its own key, like acc_stages):
+    # the epilogue multiplies the fp32 accumulator by the group's alpha, then rounds to it.
+    out_dtype: str = "float16"
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 3  # shared-memory stages of the packed-operand pipeline
@@ -180,6 +185,9 @@ _STAGED_DATA_PARALLEL_ONLY = (
 def check(config: Config) -> list[str]:
     """Reasons the config cannot be built; empty when it can."""
     reasons = []
+    if config.out_dtype not in OUT_DTYPES:
+        reasons.append(f"out_dtype must be one of {list(OUT_DTYPES)}, but got "
+                       f"{config.out_dtype!r}")
     if config.acc_stages not in ACC_STAGES:
         reasons.append(f"acc_stages must be one of {list(ACC_STAGES)} on sm_90a (Hopper "
                        f"accumulates in registers), but got {config.acc_stages}")
