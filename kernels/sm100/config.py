@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runtime.manifest import OUT_DTYPES
+
 # Tile of one CTA: M x N output, K per pipeline stage (fixed by the tcgen05 block-scaled MMA setup).
 TILE_M, TILE_N, K_TILE = 128, 128, 256
 # C rows are written with 16-byte vectors when a tile is full: keep them aligned.
@@ -18,12 +20,18 @@ SMEM_OVERHEAD_BYTES = 1024  # barriers, tensormaps, tile coordinates (measured: 
 @dataclass(frozen=True)
 class Config:
     acc_stages: int = 2  # TMEM accumulator buffers: 2 overlaps the epilogue with the next tile
+    # The element type C is written in (shapes.yaml `out_dtypes`, its own key, like acc_stages):
+    # the epilogue multiplies the fp32 accumulator by the group's alpha, then rounds to it.
+    out_dtype: str = "float16"
     ab_stages: int = 6  # shared-memory stages of the A/B/SFA/SFB pipeline
 
 
 def check(config: Config) -> list[str]:
     """Reasons the config cannot be built; empty when it can."""
     reasons = []
+    if config.out_dtype not in OUT_DTYPES:
+        reasons.append(f"out_dtype must be one of {list(OUT_DTYPES)}, but got "
+                       f"{config.out_dtype!r}")
     if config.acc_stages not in ACC_STAGES:
         reasons.append(f"acc_stages must be one of {list(ACC_STAGES)}, but got {config.acc_stages}")
     if not 2 <= config.ab_stages <= 8:
