@@ -196,13 +196,15 @@ def measure(gg, rt, args, batch: int, batches: int, sync, real_launch: bool) -> 
 
     def patch():  # what a repeated launch does: compare, nothing to rewrite
         s = dp.slot()
-        s.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2], ws[2])
+        s.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2], ws[2],
+              tab.address + dp.plan.ones_offset)
         if s.stream != stream:
             s.config.hStream = stream
 
     row("params", patch)
     row("params_rewrite", lambda: slot.params.set_tables(
-        table.address, tab.address, tab.address + dp.plan.cta_prefix_offset, ws[2], ws[2]))
+        table.address, tab.address, tab.address + dp.plan.cta_prefix_offset, ws[2], ws[2],
+        tab.address + dp.plan.ones_offset))
     row("launch", lambda: drv.cuLaunchKernelEx(slot.config, dp.function,
                                                slot.params.kernel_params, 0))
     # Full path only.

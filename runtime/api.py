@@ -1,13 +1,16 @@
 """Public API: `load(artifact_dir)` -> GroupedGemm, whose `grouped_gemm` runs a built kernel.
 
     gg = runtime.load("artifacts")
-    out = gg.grouped_gemm(a_list, b_list, sfa_list, sfb_list)   # list of fp16 (m, n) tensors
+    out = gg.grouped_gemm(a_list, b_list, sfa_list, sfb_list, alpha=alpha,
+                          out_dtype=torch.bfloat16)     # list of bf16 (m, n) tensors
 
 Per group g: a (m, k/2) and b (n, k/2) packed NVFP4 (torch.float4_e2m1fn_x2 or uint8, K-major),
 sfa / sfb e4m3 scales (torch.float8_e4m3fn or uint8) in the blocked layout of facts.md (any
-shape with the right element count, contiguous), out fp16 (m, n). The call's (m, n, k) per
-group and the device's compute capability select the kernel; a call no kernel serves raises
-NoKernelError listing what was built, with nothing launched.
+shape with the right element count, contiguous), out (m, n) in bf16 or fp16, alpha an optional
+float32 CUDA tensor (G,) multiplied into group g's fp32 accumulator before the cast (the
+checkpoint's global scales, runtime.nvfp4). The call's (m, n, k) per group, its output dtype and
+the device's compute capability select the kernel; a call no kernel serves raises NoKernelError
+listing what was built, with nothing launched.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import torch
 
 from .bound import BoundGemm
 from .dispatch import KernelIndex
-from .errors import NoKernelError
+from .errors import InputError, NoKernelError
 from .loader import ArtifactStore
 from .manifest import KernelEntry
-from .validate import check_constraints, check_inputs, check_no_overlap
+from .validate import (OUT_TORCH_DTYPES, check_alpha, check_constraints, check_inputs,
+                       check_no_overlap, out_dtype_name)
 
 Shape = tuple[int, int, int]
 _SEQ = (list, tuple)
@@ -149,8 +153,9 @@ class GroupedGemm:
         self.index = KernelIndex(store.kernels)
         self._runtimes: dict[int, Any] = {}
         self._lock = threading.Lock()
-        # group count -> validated call signatures, newest first (replaced, never mutated)
-        self._signatures: dict[int, tuple[_Signature, ...]] = {}
+        # (group count, alpha given) -> validated call signatures, newest first (replaced,
+        # never mutated)
+        self._signatures: dict[tuple[int, bool], tuple[_Signature, ...]] = {}
         self._guard_type: Any = None
         self._guard_checked = False
 
@@ -170,11 +175,13 @@ class GroupedGemm:
                     rt = self._runtimes[ordinal] = DeviceRuntime(self.store, ordinal)
         return rt
 
-    def select(self, shapes: Sequence[Sequence[int]], device: Any = None) -> KernelEntry:
-        """The kernel that would serve (m, n, k) per group on `device` (default: current)."""
+    def select(self, shapes: Sequence[Sequence[int]], device: Any = None,
+               out_dtype: torch.dtype = torch.float16) -> KernelEntry:
+        """The kernel that would serve (m, n, k) per group writing `out_dtype` on `device`
+        (default: current)."""
         rt = self._runtime(_ordinal(device))
         key = tuple((int(m), int(n), int(k)) for m, n, k in shapes)
-        return self.index.select(key, rt.arch, rt.label)
+        return self.index.select(key, rt.arch, rt.label, out_dtype_name(None, out_dtype))
 
     def preload(self, device: Any = None) -> list[str]:
         """Load and verify (sha256, arch, parameter ABI, shared memory) every kernel built for
@@ -189,20 +196,26 @@ class GroupedGemm:
 
     def grouped_gemm(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
                      sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
-                     out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
-        """C_g = (A_g * SFA_g) @ (B_g * SFB_g)^T per group, fp32 accumulate, fp16 out.
+                     out: Sequence[torch.Tensor] | None = None, *,
+                     alpha: torch.Tensor | None = None,
+                     out_dtype: torch.dtype = torch.float16) -> list[torch.Tensor]:
+        """C_g = alpha[g] * (A_g * SFA_g) @ (B_g * SFB_g)^T per group, fp32 accumulate,
+        rounded once to out_dtype (bf16 or fp16; out's dtype when `out` is given).
 
+        `alpha`: None (1 for every group) or a contiguous float32 CUDA tensor (G,) on the
+        inputs' device, read by the kernel only (no host sync; capturable in a CUDA graph).
         Launches on the current stream of the inputs' device and returns without
         synchronizing. Raises InputError (nothing launched) on invalid arguments. Groups with
         m = 0 take empty (0, k/2) and scale tensors and give (0, n) outputs; when every m is
         0 nothing is launched.
         """
         if out is not None and self._signatures and self._fast(a_list, b_list, sfa_list,
-                                                                  sfb_list, out):
+                                                                  sfb_list, out, alpha):
             return list(out)
-        return self._call(a_list, b_list, sfa_list, sfb_list, out)
+        return self._call(a_list, b_list, sfa_list, sfb_list, out, alpha, out_dtype)
 
-    def _fast(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any) -> bool:
+    def _fast(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any,
+              alpha: Any) -> bool:
         """Launch a call that repeats a validated one (see _Signature); False: nothing done."""
         seq = _SEQ
         if (type(a_list) not in seq or type(b_list) not in seq or type(sfa_list) not in seq
@@ -212,52 +225,70 @@ class GroupedGemm:
         if (len(b_list) != count or len(sfa_list) != count or len(sfb_list) != count
                 or len(out) != count):
             return False
-        sigs = self._signatures.get(count)
+        sigs = self._signatures.get((count, alpha is not None))
         if not sigs:
             return False
         tensors = (*a_list, *b_list, *sfa_list, *sfb_list, *out)
+        if alpha is None:
+            for sig in sigs:
+                if sig.guard.check(*tensors):
+                    return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)))
+            return False
+        if type(alpha) is not torch.Tensor:
+            return False
         for sig in sigs:
-            if sig.guard.check(*tensors):
-                return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)))
+            # The guard covers alpha too: float32, (G,), contiguous, on the call's device.
+            if sig.guard.check(*tensors, alpha):
+                return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)),
+                                            alpha.data_ptr())
         return False
 
     def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
              sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
-             out: Sequence[torch.Tensor] | None = None) -> BoundGemm:
+             out: Sequence[torch.Tensor] | None = None, *, alpha: torch.Tensor | None = None,
+             out_dtype: torch.dtype = torch.float16) -> BoundGemm:
         """Validate, select and plan one call now; the returned BoundGemm repeats it with no
         per-call checks (`bound()` launches on the current stream and returns `out`).
 
         For serving loops that write new values into the same tensors every step: the
         caller promises that the bound tensors keep their storage, shapes, strides and dtypes
         (runtime/bound.py). Raises what grouped_gemm raises for the same arguments, with
-        nothing launched; `out` is allocated here when not given.
+        nothing launched; `out` is allocated here when not given. The bound alpha's storage is
+        bound too: write new values into it in place.
         """
-        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out)
-        inputs = (*a_list, *b_list, *sfa_list, *sfb_list)
+        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out, alpha, out_dtype)
+        inputs = (*a_list, *b_list, *sfa_list, *sfb_list, *(() if alpha is None else (alpha,)))
         if launch is None:
-            return BoundGemm(inputs, out, None, None, ())
-        rt, dp, ptrs, overlap = launch
+            return BoundGemm(inputs, out, None, None, (), 0)
+        rt, dp, ptrs, overlap, alpha_ptr = launch
         if overlap is not None:
             overlap()  # raised here, at bind time, never at a later call
-        return BoundGemm(inputs, out, rt, dp, ptrs)
+        return BoundGemm(inputs, out, rt, dp, ptrs, alpha_ptr)
 
     def _prepare(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
-                 out: Any) -> tuple[list[torch.Tensor], tuple | None]:
+                 out: Any, alpha: Any,
+                 out_dtype: Any) -> tuple[list[torch.Tensor], tuple | None]:
         """Validate and select a call and plan its launch: (out, launch), launch being
-        (device runtime, plan, data pointers in argument order, output-overlap check or None)
-        or None when every m is 0 (nothing to launch). `out` is allocated when not given."""
+        (device runtime, plan, data pointers in argument order, output-overlap check or None,
+        alpha's address or 0) or None when every m is 0 (nothing to launch). `out` is
+        allocated when not given."""
         shapes, ordinal, ptrs = check_inputs(a_list, b_list, sfa_list, sfb_list, out)
+        dtype = out_dtype_name(out, out_dtype)
+        alpha_ptr = 0 if alpha is None else check_alpha(alpha, len(shapes), ordinal)
         rt = self._runtime(ordinal)
         try:
-            entry = self.index.select(shapes, rt.arch, rt.label)
+            entry = self.index.select(shapes, rt.arch, rt.label, dtype)
         except NoKernelError:
             # Say which group's k or n no built kernel can take, when that is the reason.
             check_constraints(shapes, self.kernels, rt.arch)
             raise
+        if alpha is not None and not entry.takes_alpha:
+            raise InputError(f"alpha was given, but kernel {entry.name!r} takes no alpha (built "
+                             "before alpha existed); rebuild the artifacts")
         overlap = None
         if out is None:
             # Fresh allocations cannot alias the inputs.
-            out = [torch.empty((m, n), dtype=torch.float16, device=rt.torch_device)
+            out = [torch.empty((m, n), dtype=OUT_TORCH_DTYPES[dtype], device=rt.torch_device)
                    for m, n, _ in shapes]
             ptrs[4].extend(c.data_ptr() for c in out)
         else:
@@ -273,22 +304,26 @@ class GroupedGemm:
                 overlap()
             return out, None  # every m is 0: nothing to compute, nothing planned or launched
         dp = rt.plan(entry, shapes)
-        return out, (rt, dp, tuple(itertools.chain.from_iterable(ptrs)), overlap)
+        return out, (rt, dp, tuple(itertools.chain.from_iterable(ptrs)), overlap, alpha_ptr)
 
     def _call(self, a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
-              out: Any) -> list[torch.Tensor]:
+              out: Any, alpha: Any = None,
+              out_dtype: Any = torch.float16) -> list[torch.Tensor]:
         """The full path: validate, select, plan, launch (and remember repeated shapes)."""
         given = out is not None
-        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out)
+        out, launch = self._prepare(a_list, b_list, sfa_list, sfb_list, out, alpha, out_dtype)
         if launch is None:
             return out
-        rt, dp, ptrs, overlap = launch
-        rt.launch(dp, ptrs, overlap)
+        rt, dp, ptrs, overlap, alpha_ptr = launch
+        rt.launch(dp, ptrs, overlap, alpha_ptr)
         if given and dp.uses > 1:
-            self._remember((*a_list, *b_list, *sfa_list, *sfb_list, *out), rt, dp)
+            tensors = (*a_list, *b_list, *sfa_list, *sfb_list, *out)
+            self._remember(tensors if alpha is None else (*tensors, alpha), rt, dp,
+                           alpha is not None)
         return out
 
-    def _remember(self, tensors: tuple[torch.Tensor, ...], rt: Any, dp: Any) -> None:
+    def _remember(self, tensors: tuple[torch.Tensor, ...], rt: Any, dp: Any,
+                  with_alpha: bool) -> None:
         """Keep a guard for a validated call whose shapes were seen before (a plan-cache hit:
         shapes that repeat), so that its repeats take the fast path."""
         if not self._guard_checked:
@@ -297,12 +332,12 @@ class GroupedGemm:
         guard_type = self._guard_type
         if guard_type is None:
             return
-        count = dp.plan.num_groups
-        sigs = self._signatures.get(count, ())
+        key = (dp.plan.num_groups, with_alpha)
+        sigs = self._signatures.get(key, ())
         if any(s.guard.check(*tensors) for s in sigs):
             return  # known signature; this call only brought new pointers
         sig = _Signature(guard_type(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None),
                          rt, dp)
         with self._lock:
-            sigs = self._signatures.get(count, ())
-            self._signatures[count] = (sig, *sigs)[:SIGNATURES_PER_COUNT]
+            sigs = self._signatures.get(key, ())
+            self._signatures[key] = (sig, *sigs)[:SIGNATURES_PER_COUNT]

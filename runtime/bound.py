@@ -26,17 +26,19 @@ import torch
 class BoundGemm:
     """A bound grouped_gemm call; `bound()` launches it and returns its output tensors."""
 
-    __slots__ = ("_dp", "_inputs", "_out", "_ptrs", "_rt")
+    __slots__ = ("_alpha", "_dp", "_inputs", "_out", "_ptrs", "_rt")
 
     def __init__(self, inputs: tuple[torch.Tensor, ...], out: list[torch.Tensor], rt: Any,
-                 dp: Any, ptrs: tuple[int, ...]) -> None:
-        # The input tensors are held only so that their memory outlives the bound call; the
-        # outputs are held as what every call returns. rt / dp None: every m is 0.
+                 dp: Any, ptrs: tuple[int, ...], alpha: int) -> None:
+        # The input tensors (alpha's included) are held only so that their memory outlives the
+        # bound call; the outputs are held as what every call returns. rt / dp None: every m
+        # is 0. alpha: the bound alpha's device address, 0 for none.
         self._inputs, self._out, self._rt, self._dp, self._ptrs = inputs, tuple(out), rt, dp, ptrs
+        self._alpha = alpha
 
     @property
     def out(self) -> list[torch.Tensor]:
-        """The output tensors every call writes (fp16 (m, n) per group)."""
+        """The output tensors every call writes ((m, n) per group, bf16 or fp16)."""
         return list(self._out)
 
     @property
@@ -47,10 +49,10 @@ class BoundGemm:
     def __call__(self) -> list[torch.Tensor]:
         """Launch on the current stream of the tensors' device; returns without syncing."""
         dp = self._dp
-        if dp is not None and not self._rt.launch_cached(dp, self._ptrs):
+        if dp is not None and not self._rt.launch_cached(dp, self._ptrs, self._alpha):
             # The first call, an evicted pointer table, or stream capture. The overlap check
             # ran at bind time.
-            self._rt.launch(dp, self._ptrs, None)
+            self._rt.launch(dp, self._ptrs, None, self._alpha)
         return list(self._out)
 
     def __repr__(self) -> str:

@@ -82,7 +82,7 @@ class PreparedKernel:
             entry = plan.entry
             values: dict[str, Any] = dict(self.templates)
             values.update(num_groups=plan.num_groups, pointers=0, problem_sizes=0,
-                          cta_prefix=0, tensormap_workspace=0, grid_barrier=0)
+                          cta_prefix=0, tensormap_workspace=0, grid_barrier=0, alpha=0)
             params = pack_params(entry.params, values)
             config = launch.make_config(plan.grid, entry.block, entry.dynamic_smem,
                                         entry.cluster, entry.grid.get("cooperative") is True)
@@ -107,21 +107,22 @@ class _Slot:
     """A thread's packed parameters and launch config for one plan, and the table addresses
     and stream last written into them (a repeated launch rewrites nothing)."""
 
-    __slots__ = ("barrier", "config", "grid", "params", "pointers", "stream", "tables",
+    __slots__ = ("alpha", "barrier", "config", "grid", "params", "pointers", "stream", "tables",
                  "workspace")
 
     def __init__(self, params: PackedParams, config: Any, grid: int) -> None:
         self.params, self.config, self.grid = params, config, grid
         self.pointers = self.tables = self.workspace = self.barrier = self.stream = None
+        self.alpha = None
 
     def set(self, pointers: int, tables: int, cta_prefix_offset: int, workspace: int,
-            barrier: int) -> None:
+            barrier: int, alpha: int) -> None:
         if (pointers != self.pointers or tables != self.tables or workspace != self.workspace
-                or barrier != self.barrier):
+                or barrier != self.barrier or alpha != self.alpha):
             self.params.set_tables(pointers, tables, tables + cta_prefix_offset, workspace,
-                                   barrier)
+                                   barrier, alpha)
             self.pointers, self.tables, self.workspace = pointers, tables, workspace
-            self.barrier = barrier
+            self.barrier, self.alpha = barrier, alpha
 
 
 class DevicePlan:
@@ -231,19 +232,20 @@ class DeviceRuntime:
     # ------------------------------------------------------------ per call
 
     def launch(self, dp: DevicePlan, ptrs: tuple[int, ...],
-               check_inputs: Callable[[], None] | None) -> None:
+               check_inputs: Callable[[], None] | None, alpha: int = 0) -> None:
         """Launch `dp` with this call's pointers on the current stream of this device.
 
         `ptrs` are the data pointers in argument order (ARG_ORDER, group-minor); they key the
         pointer-table cache. `check_inputs` (the output-overlap check) runs whenever the pointer
         table is built, i.e. for every new (plan, pointers) pair, before anything is uploaded
-        or launched.
+        or launched. `alpha` is the device address of the call's (G,) float32 alpha, or 0 for
+        none (the plan's ones).
         """
         stream = self._stream(self.device.ordinal)
         prev = self._enter()
         try:
             if self._capturing(stream):
-                self._launch_captured(dp, stream, ptrs, check_inputs)
+                self._launch_captured(dp, stream, ptrs, check_inputs, alpha)
                 return
             key = (dp.serial, ptrs)
             table = self._pointers.get(key)
@@ -252,12 +254,12 @@ class DeviceRuntime:
                     check_inputs()
                 table = self._pointers.put(key, self._upload_pointers(dp, ptrs, stream))
             dp.last = (ptrs, table)
-            self._launch_eager(dp, stream, table)
+            self._launch_eager(dp, stream, table, alpha)
         finally:
             if prev is not None:
                 cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
 
-    def launch_cached(self, dp: DevicePlan, ptrs: tuple[int, ...]) -> bool:
+    def launch_cached(self, dp: DevicePlan, ptrs: tuple[int, ...], alpha: int = 0) -> bool:
         """The hot path: launch only if (dp, ptrs) was validated and launched before (its
         pointer table is cached) and the stream is not capturing; else launch nothing and
         return False (the caller then takes the full path). Inlined: every call saved here is
@@ -284,7 +286,7 @@ class DeviceRuntime:
                 cuda.check(r, "cuStreamIsCapturing")
             if r[1] != _NOT_CAPTURING:
                 return False
-            self._launch_eager(dp, stream, table)
+            self._launch_eager(dp, stream, table, alpha)
         finally:
             if switch:
                 cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
@@ -348,7 +350,7 @@ class DeviceRuntime:
         return ws
 
     def _launch_eager(self, dp: DevicePlan, stream: int,
-                      table: device_tables.DeviceTable) -> None:
+                      table: device_tables.DeviceTable, alpha: int) -> None:
         if stream not in table.streams:
             table.ready_on(stream, self.torch_device)
         tab = dp.tables
@@ -359,12 +361,13 @@ class DeviceRuntime:
             ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
         slot = dp.slot()
         # An eager launch's grid barrier is its workspace's zeroed header.
-        slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2], ws[2])
+        slot.set(table.address, tab.address, dp.plan.cta_prefix_offset, ws[2], ws[2],
+                 alpha or tab.address + dp.plan.ones_offset)
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
 
     def _launch_captured(self, dp: DevicePlan, stream: int, ptrs: tuple[int, ...],
-                         check_inputs: Callable[[], None] | None) -> None:
+                         check_inputs: Callable[[], None] | None, alpha: int) -> None:
         """Under stream capture: the tables are written now into memory the graph keeps (never
         the cached tables, whose upload events live outside it), and the workspace comes from
         the graph's pool (never the per-stream workspace, which a replay on another stream
@@ -381,9 +384,10 @@ class DeviceRuntime:
         barrier = base + starts[2] if header else 0
         ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
         slot = dp.slot()
-        slot.set(base, base + starts[1], plan.cta_prefix_offset, ws.data_ptr(), barrier)
+        slot.set(base, base + starts[1], plan.cta_prefix_offset, ws.data_ptr(), barrier,
+                 alpha or base + starts[1] + plan.ones_offset)
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
         # Graph-owned addresses: the next eager launch must write its own again.
-        slot.pointers = slot.tables = slot.workspace = slot.barrier = None
+        slot.pointers = slot.tables = slot.workspace = slot.barrier = slot.alpha = None
         del ws  # only now may the allocator recycle it (stream-ordered)

@@ -1,4 +1,4 @@
-"""Kernel selection: (device arch, per-group problem shapes) -> manifest entry.
+"""Kernel selection: (device arch, output dtype, per-group problem shapes) -> manifest entry.
 
 Indexed once at load, so a call is one dict lookup. The most specialized variant wins
 (style.md item 9): an exact-shape kernel first, then a dynamic-m kernel if the manifest has one.
@@ -94,49 +94,63 @@ class KernelIndex:
 
     def __init__(self, kernels: Sequence[KernelEntry]) -> None:
         self.kernels = tuple(kernels)
-        self._exact: dict[tuple[str, tuple[Shape, ...]], KernelEntry] = {}
-        self._dynamic: dict[tuple[str, tuple[tuple[int, int], ...]],
+        self._exact: dict[tuple[str, str, tuple[Shape, ...]], KernelEntry] = {}
+        self._dynamic: dict[tuple[str, str, tuple[tuple[int, int], ...]],
                             list[tuple[KernelEntry, int | None]]] = {}
         for e in self.kernels:
             dyn = dynamic_groups(e)
             if dyn is not None:
                 nk, max_m = dyn
-                self._dynamic.setdefault((e.arch, nk), []).append((e, max_m))
+                self._dynamic.setdefault((e.arch, e.out_dtype, nk), []).append((e, max_m))
             else:
                 # First entry wins on duplicates: manifest order is deterministic.
-                self._exact.setdefault((e.arch, exact_groups(e)), e)
+                self._exact.setdefault((e.arch, e.out_dtype, exact_groups(e)), e)
 
-    def select(self, shapes: tuple[Shape, ...], arch: str | None, device: str = "") -> KernelEntry:
-        """The kernel for `shapes` ((m, n, k) per group) on a device of `arch`.
+    def select(self, shapes: tuple[Shape, ...], arch: str | None, device: str = "",
+               out_dtype: str = "float16") -> KernelEntry:
+        """The kernel for `shapes` ((m, n, k) per group) writing `out_dtype` (a manifest
+        OUT_DTYPES name) on a device of `arch`.
 
         Exact-shape kernels first; then the first dynamic-m kernel (manifest order) with the
         call's (n, k) list whose max_m, if any, covers every m. Raises InputError when such a
         kernel is found but some m * n reaches 2^31, NoKernelError when none is.
         """
-        entry = self._exact.get((arch, shapes)) if arch else None
+        entry = self._exact.get((arch, out_dtype, shapes)) if arch else None
         if entry is not None:
             return entry
         if arch and self._dynamic:
-            for e, limit in self._dynamic.get((arch, tuple((n, k) for _, n, k in shapes)), ()):
+            nk = tuple((n, k) for _, n, k in shapes)
+            for e, limit in self._dynamic.get((arch, out_dtype, nk), ()):
                 if limit is None or all(m <= limit for m, _, _ in shapes):
                     check_mn(shapes)
                     return e
-        raise NoKernelError(self.describe_miss(shapes, arch, device))
+        raise NoKernelError(self.describe_miss(shapes, arch, device, out_dtype))
 
-    def describe_miss(self, shapes: tuple[Shape, ...], arch: str | None, device: str) -> str:
+    def describe_miss(self, shapes: tuple[Shape, ...], arch: str | None, device: str,
+                      out_dtype: str = "float16") -> str:
         where = device or "this device"
         target = arch or "an arch no kernel family targets"
         lines = [
-            f"no built kernel serves {len(shapes)} group(s) with (m, n, k) = {list(shapes)} on "
-            f"{where} ({target}); nothing was launched.",
+            f"no built kernel serves {len(shapes)} group(s) with (m, n, k) = {list(shapes)} and "
+            f"{out_dtype} output on {where} ({target}); nothing was launched.",
         ]
-        for e, limit in self._dynamic.get((arch, tuple((n, k) for _, n, k in shapes)), ()):
+        nk = tuple((n, k) for _, n, k in shapes)
+        others = sorted({e.out_dtype for e in self.kernels if e.arch == arch
+                         and e.out_dtype != out_dtype
+                         and (self._exact.get((arch, e.out_dtype, shapes)) is e
+                              or any(d is e for d, _ in
+                                     self._dynamic.get((arch, e.out_dtype, nk), ())))})
+        if others:
+            lines.append(f"These shapes are built for {' and '.join(others)} output only: pass "
+                         f"out_dtype (or out tensors) of that type, or add {out_dtype} to the "
+                         f"set's out_dtypes in shapes.yaml and rebuild.")
+        for e, limit in self._dynamic.get((arch, out_dtype, nk), ()):
             over = [(g, m) for g, (m, _, _) in enumerate(shapes) if limit is not None and m > limit]
             lines.append(f"Kernel {e.name} has these (n, k) but serves m <= {limit} only; "
                          f"(group, m) over it: {over}.")
         lines.append(f"Built kernels ({len(self.kernels)}):")
         for e in self.kernels:
-            lines.append(f"  - set {e.set!r} {e.arch} ({e.name}): {served(e)}")
+            lines.append(f"  - set {e.set!r} {e.arch} {e.out_dtype} ({e.name}): {served(e)}")
         if not self.kernels:
             lines.append("  (none: the manifest is empty)")
         lines.append("Add the shapes to shapes.yaml and rebuild, or call with built shapes.")

@@ -112,6 +112,11 @@ class KernelEntry:
     out_dtype: str = "float16"  # one of OUT_DTYPES: the element type the kernel writes C in
 
     @property
+    def takes_alpha(self) -> bool:
+        """Whether the kernel reads a per-group alpha (an `alpha` table parameter)."""
+        return any(p.kind == "table" and p.table == "alpha" for p in self.params)
+
+    @property
     def param_bytes(self) -> int:
         return max((p.offset + p.size for p in self.params), default=0)
 

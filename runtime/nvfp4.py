@@ -12,6 +12,25 @@ and the scale layout are those of `shared/facts.md`:
 Exactness: an e2m1 value times an e4m3 scale has at most 5 significant bits, so dequantized
 values are exact in float32 (and bf16/fp16), and the float64 reference below is exact for every
 shape of the benchmark (see `reference_grouped_gemm`).
+
+Global scales and alpha: "decode scale, multiplied"
+---------------------------------------------------
+Every global scale in this module is a DECODE scale: real ~= e2m1 * block_scale * global_scale.
+The kernels take one float32 `alpha[g]` per group and multiply the group's fp32 accumulator
+by it before rounding to bf16/fp16 (`gg.grouped_gemm(..., alpha=alpha)`), so
+
+    alpha[g] = global_a[g] * global_b[g]     (the product of the two decode scales, in fp32)
+
+- PyTorch `torch.nn.functional.scaled_grouped_mm`, NVFP4 recipe `[BlockWise1x16, TensorWise]`:
+  `scale_a = [blocked e4m3 scales, fp32 global_a]`, same for b; the global scales are decode
+  scales and its epilogue multiplies by `global_a * global_b` per group: the same convention.
+- NVIDIA ModelOpt checkpoints: `weight_scale_2` (= amax_w / (6 * 448)) and `input_scale`
+  (= amax_x / (6 * 448)) are decode scales, so alpha = input_scale * weight_scale_2 per expert,
+  and activations are quantized with the ENCODE scale 1 / input_scale (x / input_scale is
+  block-quantized): see `from_modelopt`, `from_modelopt_experts`, `quantize_activation`.
+- compressed-tensors checkpoints store the reciprocals, encode scales:
+  `weight_global_scale` = 1 / weight_scale_2 (and `input_global_scale` = 1 / input_scale).
+  Invert them first: alpha = 1 / (input_global_scale * weight_global_scale).
 """
 
 from __future__ import annotations
@@ -19,6 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,6 +49,7 @@ __all__ = [
     "E4M3_MAX",
     "SF_VEC",
     "GroupedProblem",
+    "ModelOptExperts",
     "QuantizedGroups",
     "apply_alpha",
     "as_uint8",
@@ -38,9 +59,12 @@ __all__ = [
     "dequantize_nvfp4",
     "fp4_to_float",
     "from_blocked",
+    "from_modelopt",
+    "from_modelopt_experts",
     "global_scale_for",
     "make_grouped_problem",
     "pack_fp4",
+    "quantize_activation",
     "quantize_grouped",
     "quantize_nvfp4",
     "random_nvfp4",
@@ -291,9 +315,11 @@ def global_scale_for(x: torch.Tensor, max_block_scale: float = E4M3_MAX) -> floa
 
     With the default the largest block scale lands on 448, the top of e4m3, which keeps the most
     range below it (2^-9..448) for small blocks: the usual NVFP4 recipe for tensors whose
-    magnitudes are far from 1. While the kernels do not apply alpha, their fp16 output holds the
-    UNSCALED product, up to 2688^2 * K: pass a small max_block_scale (e.g. 1.0) then, so that
-    output fits fp16, at the cost of flushing blocks below amax * 2^-9 / 6 to zero.
+    magnitudes are far from 1 (ModelOpt's weight_scale_2 and input_scale). Kernels that apply
+    alpha to the fp32 accumulator take it as is. Only a kernel WITHOUT alpha (whose fp16 output
+    holds the UNSCALED product, up to 2688^2 * K, multiplied later by `apply_alpha`) needs a
+    small max_block_scale (e.g. 1.0) so that output fits fp16, at the cost of flushing blocks
+    below amax * 2^-9 / 6 to zero.
     """
     if not (math.isfinite(max_block_scale) and 0 < max_block_scale <= E4M3_MAX):
         raise InputError(f"max_block_scale must be in (0, {E4M3_MAX}], but got {max_block_scale}")
@@ -313,12 +339,14 @@ class QuantizedGroups:
     """Operands of one grouped GEMM quantized from real values, in the kernels' formats.
 
     a[g]: uint8 (m, k // 2); b[g]: uint8 (n, k // 2); sfa[g] / sfb[g]: 1-D float8_e4m3fn in the
-    blocked layout; global_a / global_b: the per-tensor global scales used (1.0 without);
-    alpha: float32 (G,) on the CPU, alpha[g] = float32(global_a[g] * global_b[g]).
+    blocked layout; global_a / global_b: the per-tensor DECODE global scales used (1.0 without),
+    each an fp32 value; alpha: float32 (G,) on the data's device (that of the first A; the CPU
+    for zero groups), alpha[g] = global_a[g] * global_b[g] rounded once to fp32 (the fp32
+    product of the two decode scales).
 
-    C_g ~= alpha[g] * (A_g * SFA_g) @ (B_g * SFB_g)^T. The kernels compute the product WITHOUT
-    alpha (they have no alpha input yet): multiply their outputs with `apply_alpha`, and compare
-    against `reference()`, which includes alpha.
+    C_g ~= alpha[g] * (A_g * SFA_g) @ (B_g * SFB_g)^T: pass `alpha` straight to the kernels
+    (`gg.grouped_gemm(q.a, q.b, q.sfa, q.sfb, alpha=q.alpha)`), and compare against
+    `reference()`, which includes alpha. A kernel without alpha needs `apply_alpha` instead.
     """
 
     shapes: list[tuple[int, int, int]]
@@ -330,10 +358,11 @@ class QuantizedGroups:
     global_b: list[float] = field(default_factory=list)
     alpha: torch.Tensor = field(default_factory=lambda: torch.ones(0, dtype=torch.float32))
 
-    def reference(self) -> list[torch.Tensor]:
-        """float64 alpha[g] * C_g per group (see `reference_grouped_gemm`)."""
+    def reference(self, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+        """alpha[g] * C_g per group in float64, or rounded to `out_dtype` (float16 / bfloat16)
+        as the kernels' output (see `reference_grouped_gemm`)."""
         return reference_grouped_gemm(self.a, self.b, self.sfa, self.sfb, self.shapes,
-                                      alpha=self.alpha.tolist())
+                                      alpha=self.alpha.tolist(), out_dtype=out_dtype)
 
 
 def quantize_grouped(
@@ -345,13 +374,13 @@ def quantize_grouped(
 ) -> QuantizedGroups:
     """Quantize real operands A_g (m, K) and B_g (n, K) (K-major, like the kernels' inputs) to
     NVFP4 with blocked scales. global_scale=True gives each tensor its own `global_scale_for`
-    scale and carries their product per group as fp32 alpha; otherwise alpha is 1.
+    decode scale and returns their product per group as `alpha`, float32 (G,) on the data's
+    device, ready for the kernels' `alpha=` argument; otherwise alpha is all ones.
     """
     if len(a_list) != len(b_list):
         raise InputError(f"a_list and b_list must have the same number of groups, but got "
                          f"{len(a_list)} and {len(b_list)}")
     q = QuantizedGroups(shapes=[])
-    alpha = []
     for g, (x, w) in enumerate(zip(a_list, b_list)):
         if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
             raise InputError(f"group {g}: a must be (m, K) and b (n, K) with the same K, but got "
@@ -367,22 +396,244 @@ def quantize_grouped(
         q.sfb.append(to_blocked(sb))
         q.global_a.append(gx)
         q.global_b.append(gw)
-        alpha.append(gx * gw)
-    q.alpha = torch.tensor(alpha, dtype=torch.float32)
+    device = a_list[0].device if len(a_list) else torch.device("cpu")
+    # gx and gw are fp32 values: their fp32 product is the decode-scale product, rounded once.
+    q.alpha = (torch.tensor(q.global_a, dtype=torch.float32, device=device)
+               * torch.tensor(q.global_b, dtype=torch.float32, device=device))
     return q
 
 
 def apply_alpha(
     outs: Sequence[torch.Tensor], alpha: torch.Tensor | Sequence[float]
 ) -> list[torch.Tensor]:
-    """out[g] * alpha[g] in float32, back to out[g]'s dtype: the caller's epilogue until the
-    kernels take alpha. Two roundings (the kernel's fp16 output, then this), and the unscaled
-    fp16 output must not overflow first (see `global_scale_for`)."""
+    """out[g] * alpha[g] in float32, back to out[g]'s dtype: the caller's epilogue for a kernel
+    that does not take alpha (kernels that do apply it to the fp32 accumulator, which is
+    better). Two roundings (the kernel's fp16 output, then this), and the unscaled fp16 output
+    must not overflow first (see `global_scale_for`)."""
     vals = alpha.tolist() if isinstance(alpha, torch.Tensor) else list(alpha)
     if len(vals) != len(outs):
         raise InputError(f"alpha must have {len(outs)} entries, but got {len(vals)}")
     return [(o.float() * float(torch.tensor(v, dtype=torch.float32))).to(o.dtype)
             for o, v in zip(outs, vals)]
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints: NVIDIA ModelOpt NVFP4
+# --------------------------------------------------------------------------------------------
+
+_FP4_PACKED_DTYPES = tuple(d for d in (torch.uint8, _FP4_DTYPE) if d is not None)
+
+
+@dataclass
+class ModelOptExperts:
+    """The NVFP4 weights of one or more experts (linear layers) of a ModelOpt checkpoint, in the
+    kernels' formats: the B operands of one grouped GEMM, one group per expert.
+
+    b[e]: uint8 (N, K // 2), the checkpoint's packed e2m1 bytes unchanged (a view, no copy, when
+    the weight is contiguous); sfb[e]: 1-D float8_e4m3fn, `to_blocked(weight_scale[e])`;
+    alpha: float32 (E,) = input_scale * weight_scale_2 (fp32 product), the kernels' `alpha=`;
+    input_scale: float32 (E,), the activations' decode scale (see `quantize_activation`);
+    weight_scale_2: float32 (E,); shapes[e]: (N, K). All tensors on the weights' device.
+    Expert e computes C_e ~= X_e @ W_e^T with A_e, SFA_e = quantize_activation(X_e, input_scale[e])
+    and `gg.grouped_gemm(a, self.b, sfa, self.sfb, alpha=self.alpha)`.
+    """
+
+    shapes: list[tuple[int, int]]
+    b: list[torch.Tensor]
+    sfb: list[torch.Tensor]
+    alpha: torch.Tensor
+    input_scale: torch.Tensor
+    weight_scale_2: torch.Tensor
+
+    def quantize_inputs(
+        self, x_list: Sequence[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(a_list, sfa_list): x_list[e] (m_e, K) quantized with input_scale[e]."""
+        if len(x_list) != len(self.b):
+            raise InputError(f"x_list must have {len(self.b)} entries (one per expert), "
+                             f"but got {len(x_list)}")
+        pairs = [quantize_activation(x, s) for x, s in zip(x_list, self.input_scale.tolist())]
+        return [a for a, _ in pairs], [sf for _, sf in pairs]
+
+    def reference(
+        self,
+        a_list: Sequence[torch.Tensor],
+        sfa_list: Sequence[torch.Tensor],
+        out_dtype: torch.dtype | None = None,
+    ) -> list[torch.Tensor]:
+        """What the kernels compute for these experts on quantized activations, alpha included
+        (`reference_grouped_gemm`; float64 unless `out_dtype`)."""
+        if len(a_list) != len(self.b):
+            raise InputError(f"a_list must have {len(self.b)} entries (one per expert), "
+                             f"but got {len(a_list)}")
+        shapes = [(as_uint8(a, f"a_list[{e}]").shape[0], n, k)
+                  for e, (a, (n, k)) in enumerate(zip(a_list, self.shapes))]
+        return reference_grouped_gemm(a_list, self.b, sfa_list, self.sfb, shapes,
+                                      alpha=self.alpha, out_dtype=out_dtype)
+
+
+def _modelopt_weight(
+    weight: torch.Tensor, weight_scale: torch.Tensor, wname: str, sname: str
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """Check one expert's weight (N, K // 2) and plain weight_scale (N, K // 16); return
+    (b uint8, sfb blocked, (N, K))."""
+    if not isinstance(weight, torch.Tensor):
+        raise InputError(f"{wname} must be a torch.Tensor, but got {type(weight).__name__}")
+    if weight.dtype not in _FP4_PACKED_DTYPES:
+        raise InputError(f"{wname} must be uint8 or torch.float4_e2m1fn_x2 (packed e2m1 pairs), "
+                         f"but got {weight.dtype}")
+    if weight.dim() != 2:
+        raise InputError(f"{wname} must be 2-D (N, K // 2), but got shape {tuple(weight.shape)}")
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    if k == 0 or k % SF_VEC:
+        raise InputError(f"K (= 2 * {wname}.shape[-1]) must be a positive multiple of {SF_VEC}, "
+                         f"but got {k}")
+    if not isinstance(weight_scale, torch.Tensor):
+        raise InputError(f"{sname} must be a torch.Tensor, but got {type(weight_scale).__name__}")
+    if weight_scale.dtype != _E4M3_DTYPE:
+        raise InputError(f"{sname} must be torch.float8_e4m3fn, but got {weight_scale.dtype}")
+    if tuple(weight_scale.shape) != (n, k // SF_VEC):
+        raise InputError(f"{sname} must have shape (N, K // 16) = {(n, k // SF_VEC)} (plain, not "
+                         f"blocked), but got {tuple(weight_scale.shape)}")
+    if weight_scale.device != weight.device:
+        raise InputError(f"{sname} must be on {wname}'s device {weight.device}, "
+                         f"but got {weight_scale.device}")
+    return as_uint8(weight).contiguous(), to_blocked(weight_scale), (n, k)
+
+
+def _scale_vector(
+    v: torch.Tensor | float | Sequence[torch.Tensor | float],
+    name: str,
+    count: int | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Per-expert fp32 decode scales as a float32 (E,) tensor on `device`. count=None: ONE
+    scalar (a one-element float32 tensor or a Python number); otherwise a float32 (count,) tensor
+    or a sequence of count scalars. Every value must be positive and finite."""
+    if count is None or not isinstance(v, (torch.Tensor, Sequence)):
+        if isinstance(v, torch.Tensor):
+            if v.dtype != torch.float32:
+                raise InputError(f"{name} must be float32, but got {v.dtype}")
+            if v.numel() != 1:
+                raise InputError(f"{name} must be a scalar (one element), "
+                                 f"but got shape {tuple(v.shape)}")
+            out = v.detach().reshape(1).to(device)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            out = torch.tensor([float(v)], dtype=torch.float32, device=device)
+        else:
+            raise InputError(f"{name} must be a float32 tensor or a Python float, "
+                             f"but got {type(v).__name__}")
+        if count not in (None, 1):
+            raise InputError(f"{name} must have shape ({count},) or {count} entries (one per "
+                             f"expert), but got a scalar")
+    elif isinstance(v, torch.Tensor):
+        if v.dtype != torch.float32:
+            raise InputError(f"{name} must be float32, but got {v.dtype}")
+        if tuple(v.shape) != (count,):
+            raise InputError(f"{name} must have shape (E,) = ({count},), "
+                             f"but got {tuple(v.shape)}")
+        out = v.detach().to(device)
+    else:
+        if len(v) != count:
+            raise InputError(f"{name} must have {count} entries (one per expert), "
+                             f"but got {len(v)}")
+        out = torch.cat([_scale_vector(x, f"{name}[{e}]", None, device) for e, x in enumerate(v)])
+    bad = ~(torch.isfinite(out) & (out > 0))
+    if bool(bad.any()):
+        e = int(bad.nonzero()[0, 0])
+        where = name if count is None else f"{name}[{e}]"
+        raise InputError(f"{where} must be positive and finite, but got {float(out[e])!r}")
+    return out
+
+
+def from_modelopt(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    weight_scale_2: torch.Tensor | float,
+    input_scale: torch.Tensor | float,
+) -> ModelOptExperts:
+    """One ModelOpt NVFP4 linear layer (one expert) in the kernels' formats: E = 1.
+
+    weight: uint8 (or float4_e2m1fn_x2) (N, K // 2), element 2j in the low nibble;
+    weight_scale: float8_e4m3fn (N, K // 16), plain row-major; weight_scale_2 and input_scale:
+    fp32 decode scales, each a one-element float32 tensor (0-d as stored) or a Python float.
+    Returns b = [weight as uint8], sfb = [to_blocked(weight_scale)], alpha = (1,) float32
+    input_scale * weight_scale_2, input_scale (1,), weight_scale_2 (1,), on weight's device.
+    """
+    b, sfb, shape = _modelopt_weight(weight, weight_scale, "weight", "weight_scale")
+    ws2 = _scale_vector(weight_scale_2, "weight_scale_2", None, weight.device)
+    ins = _scale_vector(input_scale, "input_scale", None, weight.device)
+    return ModelOptExperts(shapes=[shape], b=[b], sfb=[sfb], alpha=ins * ws2,
+                           input_scale=ins, weight_scale_2=ws2)
+
+
+def from_modelopt_experts(
+    weight: torch.Tensor | Sequence[torch.Tensor],
+    weight_scale: torch.Tensor | Sequence[torch.Tensor],
+    weight_scale_2: torch.Tensor | Sequence[torch.Tensor | float],
+    input_scale: torch.Tensor | Sequence[torch.Tensor | float],
+) -> ModelOptExperts:
+    """E ModelOpt NVFP4 experts in the kernels' formats, one group per expert.
+
+    Either stacked tensors, weight (E, N, K // 2), weight_scale (E, N, K // 16) (b[e] is then a
+    view of weight[e]), or sequences of E per-expert tensors as `from_modelopt` takes them
+    (experts may then differ in N and K). weight_scale_2 and input_scale: a float32 (E,) tensor or
+    a sequence of E scalars. Returns b, sfb (lists of E), alpha = input_scale * weight_scale_2
+    (E,) float32, input_scale (E,), weight_scale_2 (E,), all on the weights' device.
+    A fused gate-up weight needs ONE weight_scale_2 for the concatenated rows: ModelOpt stores
+    one each for w1 and w3, which are equal only if the export tied them (check before fusing).
+    """
+    def split(v: Any, what: str, shape: str) -> list[Any]:
+        if isinstance(v, torch.Tensor):
+            if v.dim() != 3:
+                raise InputError(f"{what} must be 3-D {shape} or a sequence of 2-D tensors, "
+                                 f"but got shape {tuple(v.shape)}")
+            return list(v.unbind(0))
+        if isinstance(v, Sequence):
+            return list(v)
+        raise InputError(f"{what} must be a torch.Tensor or a sequence of tensors, "
+                         f"but got {type(v).__name__}")
+
+    weights = split(weight, "weight", "(E, N, K // 2)")
+    scales = split(weight_scale, "weight_scale", "(E, N, K // 16)")
+    e = len(weights)
+    if e == 0:
+        raise InputError("weight must hold at least one expert, but got 0")
+    if len(scales) != e:
+        raise InputError(f"weight_scale must have {e} experts (one per weight), "
+                         f"but got {len(scales)}")
+    parts = [_modelopt_weight(w, s, f"weight[{i}]", f"weight_scale[{i}]")
+             for i, (w, s) in enumerate(zip(weights, scales))]
+    device = weights[0].device
+    for i, w in enumerate(weights):
+        if w.device != device:
+            raise InputError(f"weight[{i}] must be on weight[0]'s device {device}, "
+                             f"but got {w.device}")
+    ws2 = _scale_vector(weight_scale_2, "weight_scale_2", e, device)
+    ins = _scale_vector(input_scale, "input_scale", e, device)
+    return ModelOptExperts(shapes=[p[2] for p in parts], b=[p[0] for p in parts],
+                           sfb=[p[1] for p in parts], alpha=ins * ws2,
+                           input_scale=ins, weight_scale_2=ws2)
+
+
+def quantize_activation(
+    x: torch.Tensor, input_scale: torch.Tensor | float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize activations x (M, K) (bf16, fp16 or fp32) for a ModelOpt expert: returns
+    (a uint8 (M, K // 2), sfa float8_e4m3fn 1-D blocked), x / input_scale block-quantized (the
+    encode global scale is 1 / input_scale), so that x ~= input_scale * dequant(a, sfa).
+
+    input_scale: the fp32 decode scale (a one-element float32 tensor or a Python float). Blocks
+    beyond the calibrated range saturate (block scale 448, values 6), as in serving engines.
+    A plain torch reference (float64 rounding decisions), not a fast kernel.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise InputError(f"x must be a torch.Tensor, but got {type(x).__name__}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise InputError(f"x must be bfloat16, float16 or float32, but got {x.dtype}")
+    gs = _scale_vector(input_scale, "input_scale", None, x.device)
+    a, sf = quantize_nvfp4(x, global_scale=float(gs[0]))
+    return a, to_blocked(sf)
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,7 +768,8 @@ def reference_grouped_gemm(
     sfa_blocked_list: Sequence[torch.Tensor],
     sfb_blocked_list: Sequence[torch.Tensor],
     shapes: Sequence[tuple[int, int, int]],
-    alpha: Sequence[float] | None = None,
+    alpha: Sequence[float] | torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> list[torch.Tensor]:
     """float64 C_g = (A_g * SFA_g) @ (B_g * SFB_g)^T [* alpha_g] per group, on the inputs' device.
 
@@ -526,6 +778,11 @@ def reference_grouped_gemm(
     of 2^-7 below 2^9, each product a multiple of 2^-14 below 2^18, so a dot product needs at most
     32 + log2(K) bits: exact for K <= 2^21 (for any e4m3 scales at all, exact for K <= 2^10).
     The reference thus has no rounding error of its own before `alpha`.
+
+    alpha: one value per group (a sequence or a 1-D tensor, e.g. the float32 alpha given to the
+    kernels), multiplied into the float64 result as the kernels multiply their fp32 accumulator.
+    out_dtype: None (default) returns float64; torch.float16 or torch.bfloat16 rounds the
+    (alpha-scaled) float64 result to that dtype with `.to`, like the kernels' output.
     """
     lists = (a_list, b_list, sfa_blocked_list, sfb_blocked_list)
     if len({len(x) for x in lists} | {len(shapes)}) != 1:
@@ -533,6 +790,13 @@ def reference_grouped_gemm(
             "a, b, sfa, sfb and shapes must have the same number of groups, but got "
             f"{[len(x) for x in lists] + [len(shapes)]}"
         )
+    if out_dtype not in (None, torch.float16, torch.bfloat16):
+        raise InputError("out_dtype must be torch.float16, torch.bfloat16 or None (float64), "
+                         f"but got {out_dtype}")
+    if isinstance(alpha, torch.Tensor):
+        if alpha.dim() != 1:
+            raise InputError(f"alpha must be 1-D (G,), but got shape {tuple(alpha.shape)}")
+        alpha = alpha.tolist()
     if alpha is not None and len(alpha) != len(shapes):
         raise InputError(f"alpha must have {len(shapes)} entries, but got {len(alpha)}")
     out = []
@@ -543,7 +807,7 @@ def reference_grouped_gemm(
         c = a @ b.T
         if alpha is not None:
             c = c * float(alpha[g])
-        out.append(c)
+        out.append(c if out_dtype is None else c.to(out_dtype))
     return out
 
 

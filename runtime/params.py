@@ -8,7 +8,7 @@ cuda-python 11.x to cuda.bindings 13.4), and the driver copies the values at lau
 graph capture), so a buffer may be rewritten as soon as the launch call returns.
 
 Values are keyed by role: a table parameter by its table name ('pointers', 'problem_sizes',
-'cta_prefix', 'tensormap_workspace', 'grid_barrier'), a scalar by its value name
+'cta_prefix', 'tensormap_workspace', 'grid_barrier', 'alpha'), a scalar by its value name
 ('num_groups'), a TMA template by its parameter name. `zeros` parameters take no value.
 """
 
@@ -64,14 +64,16 @@ class PackedParams:
         self._prefix_at = at("cta_prefix")
         self._workspace_at = at("tensormap_workspace")
         self._barrier_at = at("grid_barrier")
+        self._alpha_at = at("alpha")
+        self.has_alpha = bool(self._alpha_at)
 
     def set(self, key: str, value: int) -> None:
         for offset, fmt in self._slots.get(key, ()):
             fmt.pack_into(self.buffer, offset, value)
 
     def set_tables(self, pointers: int, problem_sizes: int, cta_prefix: int,
-                   workspace: int, barrier: int) -> None:
-        """The per-launch update of all five table addresses, with no per-role lookups."""
+                   workspace: int, barrier: int, alpha: int) -> None:
+        """The per-launch update of all six table addresses, with no per-role lookups."""
         buf, pack = self.buffer, _U64.pack_into
         for offset in self._pointers_at:
             pack(buf, offset, pointers)
@@ -83,6 +85,8 @@ class PackedParams:
             pack(buf, offset, workspace)
         for offset in self._barrier_at:
             pack(buf, offset, barrier)
+        for offset in self._alpha_at:
+            pack(buf, offset, alpha)
 
     def raw(self) -> bytes:
         return bytes(self.buffer)

@@ -12,6 +12,9 @@ never spells a column order itself:
   zeroed by every launch), then grid * bytes_per_cta bytes, then sum(m * k) * bytes_per_a_element
   (the kernel's own fp16 copy of A); all but the header written by the kernel. Launches of
   kernels with different header_bytes never share a workspace (runtime/device.py).
+- alpha: one float32 per group, the caller's device tensor; without one, the plan's own G ones
+  (`ones_offset` into plan_tables), so alpha = None launches the same kernel with no extra
+  upload or allocation (graph capture included).
 - grid_barrier: the kernel's barrier, header_bytes zeroed bytes (a kernel has this parameter
   exactly when its workspace has a header): an eager launch's workspace header, or for a
   launch under graph capture a persistent zeroed copy of its own beside its tables.
@@ -146,13 +149,14 @@ class Plan(_Record):
     entry, shapes ((m, n, k) per group), problem_sizes (packed table, manifest column order and
     dtype), cta_prefix, total_tiles, grid, workspace_bytes, workspace_header (its leading bytes
     that must be zero before the first launch), plan_tables (problem_sizes at 0,
-    cta_prefix at cta_prefix_offset: one upload), cta_prefix_offset, pointer_columns,
+    cta_prefix at cta_prefix_offset, G float32 ones at ones_offset: one upload),
+    cta_prefix_offset, ones_offset, pointer_columns,
     pointer_format (struct code of one pointer-table cell).
     """
 
     __slots__ = ("entry", "shapes", "problem_sizes", "cta_prefix", "total_tiles", "grid",
                  "workspace_bytes", "workspace_header", "plan_tables", "cta_prefix_offset",
-                 "pointer_columns", "pointer_format")
+                 "ones_offset", "pointer_columns", "pointer_format")
 
     @property
     def num_groups(self) -> int:
@@ -237,7 +241,9 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         values = [(m, n, k, 1)[i] for m, n, k in shapes for i in idx]
     sizes = struct.pack(f"<{len(values)}{lay.size_format}", *values)
     prefix_bytes = struct.pack(f"<{len(prefix)}{lay.prefix_format}", *prefix)
-    combined, (_, offset) = pack_aligned(sizes, prefix_bytes)
+    # The alpha of a call that gives none (runtime/device.py).
+    ones = struct.pack(f"<{len(shapes)}f", *(1.0,) * len(shapes))
+    combined, (_, offset, ones_offset) = pack_aligned(sizes, prefix_bytes, ones)
     return Plan(
         entry=entry,
         shapes=shapes,
@@ -249,6 +255,7 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         workspace_header=lay.header,
         plan_tables=combined,
         cta_prefix_offset=offset,
+        ones_offset=ones_offset,
         pointer_columns=lay.pointer_columns,
         pointer_format=lay.pointer_format,
     )

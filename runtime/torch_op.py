@@ -7,12 +7,15 @@
 Schemas:
 
     nvfp4::grouped_gemm(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb,
-                        str artifacts="default") -> Tensor[]
+                        str artifacts="default", Tensor? alpha=None,
+                        ScalarType out_dtype=torch.float16) -> Tensor[]
     nvfp4::grouped_gemm_out(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb,
-                            Tensor(a!)[] out, str artifacts="default") -> ()
+                            Tensor(a!)[] out, str artifacts="default",
+                            Tensor? alpha=None) -> ()
 
 Arguments and results are those of `GroupedGemm.grouped_gemm`: per group a (m, k/2) and b
-(n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, fp16 (m, n) out.
+(n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, alpha an optional float32 (G,) CUDA tensor,
+(m, n) out in out_dtype (bf16 or fp16; out's own dtype for grouped_gemm_out).
 
 How the op finds its kernels. A custom op can only take tensors, numbers and strings, so the
 GroupedGemm is named by the string `artifacts`, a key into this module's registry:
@@ -28,8 +31,8 @@ synchronizing and allocates outputs with torch, so CUDA graph capture (torch.cud
 torch.compile mode="reduce-overhead") records the launch and the outputs come from the graph's
 pool. Capture with the same key and shapes you replay with; replays reuse captured pointers.
 
-Per-group global scales (alpha, see runtime.nvfp4.quantize_grouped) are not an argument: the
-kernels do not apply alpha yet, so the caller multiplies (runtime.nvfp4.apply_alpha).
+Per-group global scales: `alpha` (runtime.nvfp4.quantize_grouped returns it), applied by the
+kernel's epilogue to the fp32 accumulator.
 
 Host cost: a custom op call goes through the dispatcher and back into Python (tens of
 microseconds more than calling `gg.grouped_gemm` directly); inside a CUDA graph it is free.
@@ -57,6 +60,7 @@ _lock = threading.Lock()
 # Accepted dtypes, for trace-time errors; the runtime's own checks are the authority.
 _FP4 = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
 _SF = (torch.float8_e4m3fn, torch.uint8)
+_OUT = (torch.bfloat16, torch.float16)
 
 
 def register(gg_or_spec: Any, name: str = DEFAULT) -> str:
@@ -148,38 +152,57 @@ def _fake_check(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
                                        f"{x.shape[1]} and {y.shape[1]}")
 
 
+def _fake_alpha(alpha: Tensor | None, groups: int) -> None:
+    """alpha's trace-time checks (the runtime's check_alpha is the authority)."""
+    if alpha is None:
+        return
+    if alpha.dtype != torch.float32 or alpha.dim() != 1:
+        raise InputError(f"alpha must be a 1-D torch.float32 tensor, but got {alpha.dtype} of "
+                         f"shape {tuple(alpha.shape)}")
+    _require(alpha.shape[0] == groups,
+             lambda: f"alpha must have shape ({groups},), but got {tuple(alpha.shape)}")
+
+
 @torch.library.custom_op(f"{NAMESPACE}::grouped_gemm", mutates_args=())
 def _grouped_gemm(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
-                  artifacts: str = DEFAULT) -> list[Tensor]:
+                  artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                  out_dtype: torch.dtype = torch.float16) -> list[Tensor]:
     _check_counts(a, b, sfa, sfb)
-    return lookup(artifacts).grouped_gemm(a, b, sfa, sfb)
+    return lookup(artifacts).grouped_gemm(a, b, sfa, sfb, alpha=alpha, out_dtype=out_dtype)
 
 
 @_grouped_gemm.register_fake
 def _grouped_gemm_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
-                       artifacts: str = DEFAULT) -> list[Tensor]:
+                       artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                       out_dtype: torch.dtype = torch.float16) -> list[Tensor]:
     _fake_check(a, b, sfa, sfb)
-    return [x.new_empty((x.shape[0], y.shape[0]), dtype=torch.float16) for x, y in zip(a, b)]
+    _fake_alpha(alpha, len(a))
+    if out_dtype not in _OUT:
+        raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
+    return [x.new_empty((x.shape[0], y.shape[0]), dtype=out_dtype) for x, y in zip(a, b)]
 
 
 @torch.library.custom_op(f"{NAMESPACE}::grouped_gemm_out", mutates_args=("out",))
 def _grouped_gemm_out(a: list[Tensor], b: list[Tensor], sfa: list[Tensor], sfb: list[Tensor],
-                      out: list[Tensor], artifacts: str = DEFAULT) -> None:
+                      out: list[Tensor], artifacts: str = DEFAULT,
+                      alpha: Tensor | None = None) -> None:
     _check_counts(a, b, sfa, sfb)
-    lookup(artifacts).grouped_gemm(a, b, sfa, sfb, out=out)
+    lookup(artifacts).grouped_gemm(a, b, sfa, sfb, out=out, alpha=alpha)
 
 
 @_grouped_gemm_out.register_fake
 def _grouped_gemm_out_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor],
                            sfb: list[Tensor], out: list[Tensor],
-                           artifacts: str = DEFAULT) -> None:
+                           artifacts: str = DEFAULT, alpha: Tensor | None = None) -> None:
     _fake_check(a, b, sfa, sfb)
+    _fake_alpha(alpha, len(a))
     if len(out) != len(a):
         raise InputError(f"out must have {len(a)} tensors, but got {len(out)}")
     for g, (x, y, c) in enumerate(zip(a, b, out)):
-        if c.dtype != torch.float16 or c.dim() != 2:
-            raise InputError(f"out[{g}] must be a 2-D torch.float16 tensor, but got {c.dtype} "
-                             f"of shape {tuple(c.shape)}")
+        if c.dtype not in _OUT or c.dim() != 2 or c.dtype != out[0].dtype:
+            raise InputError(f"out[{g}] must be a 2-D torch.bfloat16 or torch.float16 tensor "
+                             f"(all of one dtype), but got {c.dtype} of shape "
+                             f"{tuple(c.shape)}")
         for dim, want in ((0, x.shape[0]), (1, y.shape[0])):
             _require(c.shape[dim] == want,
                      lambda g=g, c=c, x=x, y=y: f"out[{g}] must have shape (m, n) = "
@@ -189,10 +212,14 @@ def _grouped_gemm_out_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor],
 
 def grouped_gemm(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
                  sfb: Sequence[Tensor], *, out: Sequence[Tensor] | None = None,
-                 artifacts: str = DEFAULT) -> list[Tensor]:
-    """The op with keyword arguments: `out=` selects `grouped_gemm_out` and returns `out`."""
+                 artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                 out_dtype: torch.dtype = torch.float16) -> list[Tensor]:
+    """The op with keyword arguments: `out=` selects `grouped_gemm_out` and returns `out`
+    (whose dtype then decides the output type)."""
     if out is None:
-        return torch.ops.nvfp4.grouped_gemm(list(a), list(b), list(sfa), list(sfb), artifacts)
+        return torch.ops.nvfp4.grouped_gemm(list(a), list(b), list(sfa), list(sfb), artifacts,
+                                            alpha, out_dtype)
     out = list(out)
-    torch.ops.nvfp4.grouped_gemm_out(list(a), list(b), list(sfa), list(sfb), out, artifacts)
+    torch.ops.nvfp4.grouped_gemm_out(list(a), list(b), list(sfa), list(sfb), out, artifacts,
+                                     alpha)
     return out

@@ -38,6 +38,10 @@ _SF = (torch.float8_e4m3fn, torch.uint8)
 _FP4_NAMES = " or ".join(str(d) for d in _FP4)
 _SF_NAMES = " or ".join(str(d) for d in _SF)
 ALIGN = 16  # TMA needs 16-byte aligned global addresses
+# Output element types, by manifest name (runtime.manifest.OUT_DTYPES): one kernel per type.
+OUT_TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_OUT = tuple(OUT_TORCH_DTYPES.values())
+_OUT_NAMES = " or ".join(str(d) for d in _OUT)
 _LISTS = ("a_list", "b_list", "sfa_list", "sfb_list", "out")
 
 
@@ -74,7 +78,10 @@ def _fast(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any,
     if (not count or len(b_list) != count or len(sfa_list) != count or len(sfb_list) != count
             or (out is not None and len(out) != count)):
         return None
-    fp4, sf, f16 = _FP4, _SF, torch.float16
+    fp4, sf = _FP4, _SF
+    c_dtype = getattr(out[0], "dtype", None) if out is not None else None
+    if out is not None and c_dtype not in _OUT:
+        return None
     shapes = []
     pa, pb, psa, psb, pc = [], [], [], [], []
     try:
@@ -108,7 +115,7 @@ def _fast(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any, out: Any,
                 return None
             if out is not None:
                 c = out[g]
-                if (c.dtype is not f16 or c.shape != (m, n) or not c.is_contiguous()
+                if (c.dtype is not c_dtype or c.shape != (m, n) or not c.is_contiguous()
                         or (cuda and c.get_device() != ordinal)):
                     return None
                 pc_g = c.data_ptr()
@@ -292,6 +299,7 @@ def structure_of(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
     sfa_seq = _sequence("sfa_list", sfa_list, g_count)
     sfb_seq = _sequence("sfb_list", sfb_list, g_count)
     out_seq = None if out is None else _sequence("out", out, g_count)
+    out_dtype = None
     shapes = []
     for g in range(g_count):
         a = _tensor(f"a_list[{g}]", a_seq[g], _FP4, _FP4_NAMES)
@@ -318,7 +326,11 @@ def structure_of(a_list: Any, b_list: Any, sfa_list: Any, sfb_list: Any,
                         (f"sfb_list[{g}]", sfb)):
             _contiguous(name, t)
         if out_seq is not None:
-            c = _tensor(f"out[{g}]", out_seq[g], (torch.float16,), str(torch.float16))
+            c = _tensor(f"out[{g}]", out_seq[g], _OUT, _OUT_NAMES)
+            if g and c.dtype != out_dtype:
+                raise InputError(f"out[{g}] must have out[0]'s dtype {out_dtype} (one kernel "
+                                 f"writes every group), but got {c.dtype}")
+            out_dtype = c.dtype
             if c.shape != (m, n):
                 raise InputError(f"out[{g}] must have shape (m, n) = {(m, n)}, but got "
                                  f"{c.shape}")
@@ -446,3 +458,36 @@ def check_constraints(shapes: Sequence[Shape], kernels: Sequence[Any], arch: str
                     f"{what} of group {g} ({arg.format(g=g)}) must be {want} "
                     f"(constraints.{key} of the {len(built)} {arch} kernel(s) built), "
                     f"but got {value}")
+
+
+def out_dtype_name(out: Any, out_dtype: Any) -> str:
+    """The manifest name of a validated call's output type: out's dtype when `out` is given
+    (check_inputs has made every group's the same), else `out_dtype`."""
+    dtype = out[0].dtype if out is not None and len(out) else out_dtype
+    for name, d in OUT_TORCH_DTYPES.items():
+        if dtype is d:
+            return name
+    raise InputError(f"out_dtype must be {_OUT_NAMES}, but got {dtype!r}")
+
+
+def check_alpha(alpha: Any, groups: int, ordinal: int, name: str = "alpha") -> int:
+    """The device address of a per-group alpha: a contiguous float32 CUDA tensor of shape
+    (groups,) on the call's device. Never reads its values (no sync; graph-capturable)."""
+    if not isinstance(alpha, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor of float32 of shape ({groups},) on "
+                         f"cuda:{ordinal}, or None, but got {type(alpha).__name__}")
+    if alpha.dtype is not torch.float32:
+        raise InputError(f"{name} must have dtype torch.float32 (one fp32 scale per group), "
+                         f"but got {alpha.dtype}")
+    if tuple(alpha.shape) != (groups,):
+        raise InputError(f"{name} must have shape ({groups},) (one value per group), but got "
+                         f"{tuple(alpha.shape)}")
+    if alpha.device.type != "cuda":
+        raise InputError(f"{name} must be a CUDA tensor on cuda:{ordinal} (it is read by the "
+                         f"kernel, never on the host), but got a tensor on {alpha.device}")
+    if alpha.get_device() != ordinal:
+        raise InputError(f"{name} must be on the call's device cuda:{ordinal}, but got "
+                         f"{alpha.device}")
+    if groups > 1 and alpha.stride(0) != 1:
+        raise InputError(f"{name} must be contiguous, but got stride {alpha.stride()}")
+    return alpha.data_ptr()

@@ -179,17 +179,18 @@ def sfb_dtype_e5m2(p: Problem) -> str:
 
 
 @case("structure")
-def out_dtype_bfloat16(p: Problem) -> str:
+def out_dtype_mixed(p: Problem) -> str:
     m, n, _ = p.mk(0)
     p.out[0] = torch.empty(m, n, dtype=torch.bfloat16, device=p.dev)
-    return "out[0] must have dtype torch.float16, but got torch.bfloat16"
+    return ("out[1] must have out[0]'s dtype torch.bfloat16 (one kernel writes every group), "
+            "but got torch.float16")
 
 
 @case("structure")
 def out_dtype_float32(p: Problem) -> str:
     m, n, _ = p.mk(1)
     p.out[1] = torch.empty(m, n, dtype=torch.float32, device=p.dev)
-    return "out[1] must have dtype torch.float16, but got torch.float32"
+    return "out[1] must have dtype torch.float16 or torch.bfloat16, but got torch.float32"
 
 
 # ---- shapes against the problem
@@ -743,10 +744,10 @@ def test_more_groups_than_built_lists_what_was_built() -> None:
         index.select(shapes, "sm_90a", "cuda:0 (NVIDIA H200, compute capability 9.0)")
     assert str(info.value) == textwrap.dedent("""\
         no built kernel serves 3 group(s) with (m, n, k) = [(96, 1024, 512), (40, 2048, 768), \
-(96, 1024, 512)] on cuda:0 (NVIDIA H200, compute capability 9.0) (sm_90a); nothing was \
-launched.
+(96, 1024, 512)] and float16 output on cuda:0 (NVIDIA H200, compute capability 9.0) \
+(sm_90a); nothing was launched.
         Built kernels (1):
-          - set 'mixed_2' sm_90a (mixed_2.sm_90a.acc1.f16): (m, n, k) = [(96, 1024, 512), \
+          - set 'mixed_2' sm_90a float16 (mixed_2.sm_90a.acc1.f16): (m, n, k) = [(96, 1024, 512), \
 (40, 2048, 768)]
         Add the shapes to shapes.yaml and rebuild, or call with built shapes.""")
     with pytest.raises(NoKernelError, match=r"^no built kernel serves 1 group\(s\) with "):

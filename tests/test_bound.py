@@ -36,16 +36,16 @@ class RecordingRuntime:
         self.events.append(("plan", e.name, shapes))
         return types.SimpleNamespace(plan=types.SimpleNamespace(entry=e), uses=1)
 
-    def launch(self, dp, ptrs, check) -> None:
+    def launch(self, dp, ptrs, check, alpha=0) -> None:
         if check is not None:
             check()
-        self.events.append(("launch", ptrs, check is None))
+        self.events.append(("launch", ptrs, check is None) + ((alpha,) if alpha else ()))
         self.tables.add(ptrs)
 
-    def launch_cached(self, dp, ptrs) -> bool:
+    def launch_cached(self, dp, ptrs, alpha=0) -> bool:
         if self.capturing or ptrs not in self.tables:
             return False
-        self.events.append(("cached", ptrs))
+        self.events.append(("cached", ptrs) + ((alpha,) if alpha else ()))
         return True
 
 

@@ -220,11 +220,11 @@ def test_dispatch_over_max_m_names_the_bound() -> None:
         index.select(((4097, 4096, 7168), (5000, 7168, 2048)), "sm_90a", "cuda:0")
     assert str(info.value).splitlines()[:4] == [
         "no built kernel serves 2 group(s) with (m, n, k) = [(4097, 4096, 7168), "
-        "(5000, 7168, 2048)] on cuda:0 (sm_90a); nothing was launched.",
+        "(5000, 7168, 2048)] and float16 output on cuda:0 (sm_90a); nothing was launched.",
         "Kernel moe_any_m.sm_90a.acc1.f16 has these (n, k) but serves m <= 4096 only; "
         "(group, m) over it: [(0, 4097), (1, 5000)].",
         "Built kernels (1):",
-        "  - set 'moe_any_m' sm_90a (moe_any_m.sm_90a.acc1.f16): any m <= 4096, (n, k) = "
+        "  - set 'moe_any_m' sm_90a float16 (moe_any_m.sm_90a.acc1.f16): any m <= 4096, (n, k) = "
         "[(4096, 7168), (7168, 2048)]",
     ]
 
@@ -279,13 +279,13 @@ class FakeRT:
         dp.uses += 1
         return dp
 
-    def launch(self, dp, ptrs, check):
+    def launch(self, dp, ptrs, check, alpha=0):
         if (dp.serial, ptrs) not in self.cached and check is not None:
             check()
         self.cached.add((dp.serial, ptrs))
         self.launches.append(("full", dp.serial, ptrs))
 
-    def launch_cached(self, dp, ptrs):
+    def launch_cached(self, dp, ptrs, alpha=0):
         self.cached_calls += 1
         hit = (dp.serial, ptrs) in self.cached if self.cached_result is None \
             else self.cached_result
@@ -343,7 +343,7 @@ def test_repeated_call_takes_the_fast_path(gg) -> None:
     for _ in range(2):  # first: new plan; second: plan hit -> signature remembered
         assert gg.grouped_gemm(a, b, sfa, sfb, out=out) == out
     assert [k for k, *_ in gg.rt.launches] == ["full", "full"]
-    assert len(gg._signatures[2]) == 1
+    assert len(gg._signatures[(2, False)]) == 1
     assert gg.grouped_gemm(a, b, sfa, sfb, out=tuple(out)) == out
     assert gg.rt.launches[-1] == ("fast", 0, ptrs)
     # Fresh tensors with the same shapes and the same pointers (the caching allocator's common
@@ -351,7 +351,7 @@ def test_repeated_call_takes_the_fast_path(gg) -> None:
     a2 = [t.view(torch.uint8).view(FP4) for t in a]
     gg.grouped_gemm(a2, b, sfa, sfb, out=out)
     assert gg.rt.launches[-1] == ("fast", 0, ptrs)
-    assert len(gg._signatures[2]) == 1
+    assert len(gg._signatures[(2, False)]) == 1
 
 
 def test_anything_validation_reads_sends_the_call_back_to_the_full_path(gg) -> None:
@@ -405,7 +405,7 @@ def test_signatures_are_capped_per_group_count(gg) -> None:
         args = problem(ms=(m + 1, 3))
         for _ in range(2):
             gg.grouped_gemm(*args[:4], out=args[4])
-    assert len(gg._signatures[2]) == api.SIGNATURES_PER_COUNT
+    assert len(gg._signatures[(2, False)]) == api.SIGNATURES_PER_COUNT
 
 
 def test_guard_type_self_check_and_switch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -669,13 +669,14 @@ def test_new_plan_uploads_its_tables_with_the_pointer_table(dev, monkeypatch) ->
     monkeypatch.setattr(device_tables, "upload", counting)
     dp = dev.plan(((192, 3072, 4096), (320, 3072, 4096)))
     dev.rt.launch(dp, tuple(range(10)), None)
-    # One upload: problem sizes + CTA prefix (padded to 128 + 12 bytes -> 256), then pointers.
-    assert uploads == [256 + 80]
+    # One upload: problem sizes + CTA prefix + alpha's ones (each padded to 128, 8 bytes of
+    # ones -> 264, padded to 384), then pointers.
+    assert uploads == [384 + 80]
     pointers, _, sizes, prefix = slots(dev.drv.launches[-1][1])
-    assert (prefix - sizes, pointers - sizes) == (128, 256)
+    assert (prefix - sizes, pointers - sizes) == (128, 384)
     assert dp.tables.image == dp.plan.plan_tables
     dev.rt.launch(dp, tuple(range(1, 11)), None)  # same plan, new pointers: pointers only
-    assert uploads == [336, 80]
+    assert uploads == [464, 80]
 
 
 def test_plans_of_one_kernel_and_group_count_share_a_thread_slot(dev) -> None:

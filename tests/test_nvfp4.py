@@ -478,6 +478,70 @@ def test_quantize_grouped_alpha_and_reference():
         quantize_grouped(xs[:1], ws[1:])
 
 
+def test_quantize_grouped_returns_the_kernels_alpha():
+    """alpha is what the kernels take: float32 (G,) on the data's device, exactly the fp32 product
+    of the two decode scales (the double product of two fp32 values is exact, rounded once)."""
+    g = gen(16)
+    shapes = [(16, 128, 256), (24, 256, 128), (8, 128, 512)]
+    xs = [torch.randn(m, k, generator=g) * 10.0 ** (i - 1) for i, (m, _, k) in enumerate(shapes)]
+    ws = [(torch.randn(n, k, generator=g) * 0.03).to(torch.bfloat16) for _, n, k in shapes]
+    q = quantize_grouped(xs, ws, global_scale=True)
+    assert isinstance(q.alpha, torch.Tensor)
+    assert q.alpha.dtype == torch.float32 and q.alpha.shape == (3,)
+    assert q.alpha.device == xs[0].device
+    rounded = 0
+    for i in range(3):
+        ga, gb = q.global_a[i], q.global_b[i]
+        assert float(torch.tensor(ga, dtype=torch.float32)) == ga  # fp32 values
+        assert ga == float(torch.tensor(xs[i].abs().max().item() / 2688, dtype=torch.float32))
+        want = float(torch.tensor(ga * gb, dtype=torch.float64).to(torch.float32))
+        assert q.alpha[i].item() == want
+        rounded += want != ga * gb
+    assert rounded  # the fp32 rounding of the product was exercised
+    # alpha times the unscaled block-scaled product is the real product (NVFP4 error)
+    unscaled = reference_grouped_gemm(q.a, q.b, q.sfa, q.sfb, q.shapes)
+    for i in range(3):
+        true = xs[i].double() @ ws[i].double().T
+        assert ((unscaled[i] * q.alpha[i].item() - true).norm() / true.norm()).item() < 0.15
+    # without global scales: ones; zero groups: an empty float32 alpha
+    q1 = quantize_grouped(xs, ws)
+    assert q1.alpha.dtype == torch.float32 and q1.alpha.tolist() == [1.0, 1.0, 1.0]
+    q0 = quantize_grouped([], [], global_scale=True)
+    assert q0.alpha.dtype == torch.float32 and q0.alpha.shape == (0,)
+
+
+def test_reference_alpha_tensor_and_out_dtype():
+    p = make_grouped_problem([(8, 16, 64), (3, 8, 128)], seed=12)
+    ref = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes)
+    alpha = torch.tensor([0.1, 3.7], dtype=torch.float32)
+    scaled = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=alpha)
+    for g in range(2):
+        assert scaled[g].dtype == torch.float64
+        assert torch.equal(scaled[g], ref[g] * alpha[g].item())  # the fp32 value, in float64
+    for dt in (torch.float16, torch.bfloat16):
+        got = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=alpha, out_dtype=dt)
+        for g in range(2):
+            assert got[g].dtype == dt and torch.equal(got[g], scaled[g].to(dt))
+        plain = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, out_dtype=dt)
+        assert all(torch.equal(x, r.to(dt)) for x, r in zip(plain, ref))
+    # alpha is applied BEFORE the rounding: a product beyond fp16 comes back finite
+    big = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=[1e5, 1e5])
+    assert any(bool(torch.isinf(t.half()).any()) for t in big)
+    small = reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=[1e-5, 1e-5],
+                                   out_dtype=torch.float16)
+    assert torch.equal(small[0], (ref[0] * 1e-5).half())
+    q = quantize_grouped([torch.randn(8, 64, generator=gen(1)) * 1e3],
+                         [torch.randn(16, 64, generator=gen(2)) * 1e3], global_scale=True)
+    assert torch.equal(q.reference(torch.bfloat16)[0], q.reference()[0].to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"^out_dtype must be torch.float16, torch.bfloat16 or "
+                       r"None \(float64\), but got torch.float32$"):
+        reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"^alpha must be 1-D \(G,\), but got shape \(1, 2\)$"):
+        reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=alpha[None])
+    with pytest.raises(ValueError, match=r"^alpha must have 2 entries, but got 3$"):
+        reference_grouped_gemm(p.a, p.b, p.sfa, p.sfb, p.shapes, alpha=torch.ones(3))
+
+
 def test_apply_alpha():
     outs = [torch.tensor([[1.0, -2.0]], dtype=torch.float16), torch.ones(2, 3, dtype=torch.float16)]
     got = apply_alpha(outs, torch.tensor([0.5, 3.0]))

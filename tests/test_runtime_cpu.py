@@ -310,14 +310,14 @@ def test_dispatch_no_match_lists_what_was_built() -> None:
         index.select(_shapes(MOE_DOWN), "sm_90a", "cuda:0 (NVIDIA H200, compute capability 9.0)")
     assert str(exc.value) == textwrap.dedent("""\
         no built kernel serves 3 group(s) with (m, n, k) = [(40, 7168, 2048), (76, 7168, 2048), \
-(168, 7168, 2048)] on cuda:0 (NVIDIA H200, compute capability 9.0) (sm_90a); nothing was \
-launched.
+(168, 7168, 2048)] and float16 output on cuda:0 (NVIDIA H200, compute capability 9.0) \
+(sm_90a); nothing was launched.
         Built kernels (3):
-          - set 'dense_a' sm_90a (dense_a.sm_90a.acc1.f16): (m, n, k) = [(192, 3072, 4096), \
+          - set 'dense_a' sm_90a float16 (dense_a.sm_90a.acc1.f16): (m, n, k) = [(192, 3072, 4096), \
 (320, 3072, 4096)]
-          - set 'moe_down' sm_100a (moe_down.sm_100a.acc2.f16): (m, n, k) = [(40, 7168, 2048), \
+          - set 'moe_down' sm_100a float16 (moe_down.sm_100a.acc2.f16): (m, n, k) = [(40, 7168, 2048), \
 (76, 7168, 2048), (168, 7168, 2048)]
-          - set 'moe_dyn' sm_90a (moe_dyn.sm_90a.acc1.f16): any m <= 4096, (n, k) = [(7168, 2048)]
+          - set 'moe_dyn' sm_90a float16 (moe_dyn.sm_90a.acc1.f16): any m <= 4096, (n, k) = [(7168, 2048)]
         Add the shapes to shapes.yaml and rebuild, or call with built shapes.""")
 
 
@@ -369,7 +369,10 @@ def test_plan_tables_grid_and_workspace() -> None:
     assert plan.problem_sizes == struct.pack("<8i", 192, 3072, 4096, 1, 320, 3072, 4096, 1)
     assert plan.plan_tables[:32] == plan.problem_sizes
     assert plan.cta_prefix_offset == 128
-    assert plan.plan_tables[128:] == struct.pack("<3i", 0, 48, 120)
+    assert plan.plan_tables[128:140] == struct.pack("<3i", 0, 48, 120)
+    # A call without alpha reads the plan's own ones (one float32 per group).
+    assert plan.ones_offset == 256
+    assert plan.plan_tables[256:] == struct.pack("<2f", 1.0, 1.0)
     big = make_plan(e, _shapes(MOE_DOWN), sm_count=132)
     assert big.total_tiles == 224 and big.grid == 132 and big.workspace_bytes == 132 * 512
     two = make_plan(dataclasses.replace(e, grid={"policy": "persistent", "ctas_per_sm": 2}),
@@ -639,8 +642,14 @@ def test_contiguity_and_out_errors() -> None:
     strided = torch.zeros(40, 512, dtype=torch.uint8)[:, ::2]
     assert structure_error([strided], b, sfa, sfb, None) == (
         "a_list[0] must be contiguous, but got strides (512, 2) for shape (40, 256)")
-    assert structure_error(a, b, sfa, sfb, [torch.empty(40, 256, dtype=torch.bfloat16)]) == (
-        "out[0] must have dtype torch.float16, but got torch.bfloat16")
+    assert structure_error(a, b, sfa, sfb, [torch.empty(40, 256, dtype=torch.float32)]) == (
+        "out[0] must have dtype torch.float16 or torch.bfloat16, but got torch.float32")
+    # One kernel writes every group: mixed output dtypes are refused, naming out[0]'s.
+    a2, b2, sfa2, sfb2 = lists(group(40, 256, 512), group(72, 256, 512))
+    mixed = [torch.empty(40, 256, dtype=torch.bfloat16), torch.empty(72, 256, dtype=torch.float16)]
+    assert structure_error(a2, b2, sfa2, sfb2, mixed) == (
+        "out[1] must have out[0]'s dtype torch.bfloat16 (one kernel writes every group), but "
+        "got torch.float16")
     assert structure_error(a, b, sfa, sfb, [torch.empty(256, 40, dtype=torch.float16)]) == (
         "out[0] must have shape (m, n) = (40, 256), but got (256, 40)")
     assert structure_error(a, b, sfa, sfb, [torch.empty(256, 40, dtype=torch.float16).t()]) == (

@@ -399,3 +399,51 @@ def test_sm100_ab_stages_beyond_shared_memory_is_a_spec_error(tmp_path) -> None:
         load_spec(p, load_families("kernels.families"))
     assert "ab_stages 7 needs 7 x 36864 + 1024 = 259072 bytes of shared memory" in str(info.value)
     assert "sets[s]" in str(info.value)
+
+
+# ------------------------------------------------------------------ out_dtypes (issue 24)
+
+
+def test_out_dtypes_default_to_both_and_sets_override_defaults(fams: Families) -> None:
+    spec = parse(BASE, fams)
+    assert [s.out_dtypes for s in spec.sets] == [("bfloat16", "float16")] * 2
+    names = [it.name for it in expand(spec, fams) if it.set == "moe_down"]
+    assert names == ["moe_down.sm_100a.acc1.bf16", "moe_down.sm_100a.acc1.f16",
+                     "moe_down.sm_100a.acc2.bf16", "moe_down.sm_100a.acc2.f16",
+                     "moe_down.sm_90a.acc1.bf16", "moe_down.sm_90a.acc1.f16"]
+    text = BASE.replace("  acc_stages: {sm_100a: [1, 2], sm_90a: [1]}\n",
+                        "  acc_stages: {sm_100a: [1, 2], sm_90a: [1]}\n"
+                        "  out_dtypes: [float16]\n")
+    text += "    out_dtypes: [bfloat16]\n"  # moe_down's own list replaces the defaults'
+    spec = parse(text, fams)
+    assert [s.out_dtypes for s in spec.sets] == [("float16",), ("bfloat16",)]
+    items = expand(spec, fams)
+    assert {(it.set, it.out_dtype) for it in items} == {("moe_gateup", "float16"),
+                                                        ("moe_down", "bfloat16")}
+    # The output type is part of the content key: same shapes, other dtype, other cubin.
+    one = expand(parse(BASE, fams), fams)
+    keys = {(it.set, it.arch, it.acc_stages, it.out_dtype): it.key for it in one}
+    assert keys[("moe_down", "sm_90a", 1, "float16")] != keys[("moe_down", "sm_90a", 1,
+                                                               "bfloat16")]
+
+
+@pytest.mark.parametrize("value,message", [
+    ("[float32]", "sets[moe_down].out_dtypes[0]: out_dtype must be one of ['float16', "
+                  "'bfloat16'], but got str 'float32'"),
+    ("[bfloat16, bfloat16]", "sets[moe_down].out_dtypes[1]: out_dtype 'bfloat16' is listed "
+                             "twice"),
+    ("[]", "sets[moe_down].out_dtypes: out_dtypes must not be empty, but got an empty list"),
+    ("bfloat16", "sets[moe_down].out_dtypes: out_dtypes must be a list, but got str "
+                 "'bfloat16'"),
+    ("[16]", "sets[moe_down].out_dtypes[0]: out_dtype must be one of ['float16', "
+             "'bfloat16'], but got int 16"),
+])
+def test_invalid_out_dtypes_message(fams: Families, value: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(BASE + f"    out_dtypes: {value}\n", fams)
+    assert str(info.value) == f"shapes.yaml: {message}"
+
+
+def test_out_dtype_is_not_an_option(fams: Families) -> None:
+    with pytest.raises(SpecError, match=r"unknown key 'out_dtype'"):
+        parse(BASE.replace("{sm_90a: {tile_m: 64}}", "{sm_90a: {out_dtype: bfloat16}}"), fams)

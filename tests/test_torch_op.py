@@ -46,10 +46,11 @@ class CpuReference:
     def __init__(self) -> None:
         self.calls = 0
 
-    def grouped_gemm(self, a, b, sfa, sfb, out=None):
+    def grouped_gemm(self, a, b, sfa, sfb, out=None, *, alpha=None, out_dtype=torch.float16):
         self.calls += 1
         shapes = [(x.shape[0], y.shape[0], x.shape[1] * 2) for x, y in zip(a, b)]
-        ref = [r.half() for r in reference_grouped_gemm(a, b, sfa, sfb, shapes)]
+        dtype = out[0].dtype if out is not None else out_dtype
+        ref = reference_grouped_gemm(a, b, sfa, sfb, shapes, alpha=alpha, out_dtype=dtype)
         if out is None:
             return ref
         for o, r in zip(out, ref):
@@ -162,11 +163,11 @@ def test_import_runtime_does_not_register_and_the_op_loads_no_cutlass_or_driver(
 def test_schemas():
     assert str(OP._schema) == (
         "nvfp4::grouped_gemm(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb, "
-        'str artifacts="default") -> Tensor[]')
+        'str artifacts="default", Tensor? alpha=None, ScalarType out_dtype=5) -> Tensor[]')
     schema = str(OP_OUT._schema)
     assert schema.startswith("nvfp4::grouped_gemm_out(Tensor[] a, Tensor[] b, Tensor[] sfa, "
                              "Tensor[] sfb, Tensor(")
-    assert schema.endswith('!)[] out, str artifacts="default") -> ()')
+    assert schema.endswith('!)[] out, str artifacts="default", Tensor? alpha=None) -> ()')
 
 
 def test_register_lookup_and_errors(tmp_path):
@@ -249,8 +250,30 @@ def test_fake_out_variant_checks_out():
     with pytest.raises(InputError, match=r"out\[1\] must have shape \(m, n\) = \(72, 256\)"):
         torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, bad)
     bad = [good[0], torch.empty(72, 256, dtype=torch.bfloat16, device="meta")]
-    with pytest.raises(InputError, match=r"out\[1\] must be a 2-D torch.float16 tensor"):
+    with pytest.raises(InputError, match=r"out\[1\] must be a 2-D torch.bfloat16 or "
+                                         r"torch.float16 tensor \(all of one dtype\), but got "
+                                         r"torch.bfloat16 of shape \(72, 256\)"):
         torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, bad)
+    # bf16 outputs are legal when every group has them; alpha is checked at trace time.
+    torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, [o.to(torch.bfloat16) for o in good])
+    alpha = torch.empty(2, dtype=torch.float32, device="meta")
+    torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, good, alpha=alpha)
+    with pytest.raises(InputError, match=r"alpha must be a 1-D torch.float32 tensor, but got "
+                                         r"torch.float16 of shape \(2,\)"):
+        torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, good, alpha=alpha.half())
+    with pytest.raises(InputError, match=r"alpha must have shape \(2,\), but got \(3,\)"):
+        torch.ops.nvfp4.grouped_gemm_out(a, b, sfa, sfb, good, alpha=alpha.new_empty(3))
+
+
+def test_fake_op_output_dtype_follows_out_dtype():
+    a, b, sfa, sfb = meta_inputs(GROUPS[:2])
+    outs = torch.ops.nvfp4.grouped_gemm(a, b, sfa, sfb, "default", None, torch.bfloat16)
+    assert [(o.dtype, tuple(o.shape)) for o in outs] == [(torch.bfloat16, (40, 128)),
+                                                         (torch.bfloat16, (72, 256))]
+    assert [o.dtype for o in torch.ops.nvfp4.grouped_gemm(a, b, sfa, sfb)] == [torch.float16] * 2
+    with pytest.raises(InputError, match=r"out_dtype must be one of \[torch.bfloat16, "
+                                         r"torch.float16\], but got torch.float32"):
+        torch.ops.nvfp4.grouped_gemm(a, b, sfa, sfb, "default", None, torch.float32)
 
 
 # --------------------------------------------------------------------------------------------

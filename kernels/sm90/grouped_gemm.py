@@ -1,8 +1,11 @@
 """NVFP4 x NVFP4 block-scaled grouped GEMM for Hopper (sm_90a), in CuTe DSL.
 
-Op, per group g:  C_g[m, n] = sum_k (A_g[m, k] * SFA_g[m, k//16]) * (B_g[n, k] * SFB_g[n, k//16])
+Op, per group g:
+    C_g[m, n] = alpha[g] * sum_k (A_g[m, k] * SFA_g[m, k//16]) * (B_g[n, k] * SFB_g[n, k//16])
 with A (M, K) and B (N, K) packed e2m1 (K/2 bytes per row, element 2j in the low nibble), SFA and
-SFB e4m3 in the blocked 128x4 layout of facts.md, C (M, N) fp16 row-major; fp32 accumulation.
+SFB e4m3 in the blocked 128x4 layout of facts.md, alpha one fp32 per group (the checkpoint's
+global scales; the runtime passes ones when the caller gives none), C (M, N) row-major in
+Config.out_dtype (fp16 or bf16); fp32 accumulation, alpha applied to the fp32 accumulator.
 
 Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the default):
   phase 1: all warps but warp 0 of every CTA convert a share of all groups' A to fp16 (value *
@@ -19,7 +22,8 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        setmaxnreg moving registers from the producer warpgroup to them) dequantizes B (weights)
        to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
        scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
-    -> epilogue scales by 2^14 (both operands carried 2^-7) and writes C with per-element
+    -> epilogue scales by alpha[g] * 2^14 (both operands carried 2^-7: one FMUL, as before
+       alpha), rounds to out_dtype and writes C with per-element
        bounds checks (rows >= m and cols >= n untouched); with Config.async_epilogue (on for
        every v3 set of shapes.yaml) the consumers write the tile into a padded shared C tile
        and go on, and warps 1..3 (idle since phase 1) store it in 16-byte vectors.
@@ -62,7 +66,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float16, Float32, Int32, Int64, Uint8
+from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
 from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
@@ -93,6 +97,7 @@ SYMBOL_PREFIX = "nvfp4_gg_sm90"
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
 _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
+C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
 class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, TraceStamps):
@@ -103,6 +108,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         if reasons:
             raise ValueError("; ".join(reasons))
         self.config = config
+        self.c_dtype = C_DTYPES[config.out_dtype]  # what the epilogue rounds C to
         self.tile_m = config.tile_m  # A rows (tokens) per CTA tile = wgmma N
         self.tile_n = config.tile_n  # B rows (weights) per CTA tile = consumer warpgroups x 64
         self.consumer_threads = WARPGROUP * (config.tile_n // 64)
@@ -138,6 +144,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         cta_prefix: cute.Pointer,
         workspace: cute.Pointer,
         grid_barrier: cute.Pointer,
+        alpha: cute.Pointer,
         num_groups: Int32,
         num_ctas: Int32,
     ) -> None:
@@ -200,6 +207,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
             args.table("grid_barrier", grid_barrier, "grid_barrier")
         else:
             args.zeros("grid_barrier", grid_barrier, 8, 8)  # v2 has no barrier
+        args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
         fb_layout, fa_layout = self._fp16_layouts()
@@ -238,6 +246,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                 # after the one being handed over. Inside the barriers' first KiB, so the size
                 # is config.smem_bytes's.
                 fields["next_tile"] = cute.struct.MemRange[Int32, 2]
+                fields["next_scale"] = cute.struct.MemRange[Float32, 1]  # and its C scale
             fields |= {
                 "packed_b": cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
@@ -247,7 +256,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
             }
             if cutlass.const_expr(self.config.async_epilogue):
                 fields["c_tile"] = cute.struct.Align[
-                    cute.struct.MemRange[Float16, c_tile_bytes(self.config) // 2], 1024]
+                    cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
             self.shared_storage = cute.struct(
                 type("SharedStorageA16", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()
@@ -305,6 +314,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         cta_prefix: cute.Pointer,
         workspace: cute.Pointer,
         grid_barrier: cute.Pointer,
+        alpha: cute.Pointer,
         num_groups: Int32,
     ) -> None:
         tidx, _, _ = cute.arch.thread_idx()
@@ -318,6 +328,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
             trap()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
+        # Read by the epilogues through _c_scale (a trace-time handle, like self.config).
+        self.alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         if cutlass.const_expr(self.a_fp16):
             self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
                              workspace, grid_barrier, num_groups, tidx, warp_idx, bidx, grid)
@@ -403,19 +415,26 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=16)
         return cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
 
+    def _c_scale(self, group: Int32) -> Float32:
+        """What a tile of `group` multiplies its fp32 accumulator by before the cast: the
+        group's alpha and ACC_UNSCALE (both operands leave dequant_word_w scaled by 2^-7), one
+        factor, so the epilogue keeps one FMUL per element. Exact reordering: ACC_UNSCALE is a
+        power of two, so acc * (alpha * 2^14) rounds as (acc * 2^14) * alpha does."""
+        return self.alpha_table[group] * Float32(ACC_UNSCALE)
+
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,
-                    col0: Int32) -> None:
-        """Accumulator (B row, A row) -> C[A row, B row] as fp16, skipping rows >= m, cols >= n."""
-        c_ptr = cute.make_ptr(Float16, c_address, cute.AddressSpace.gmem, assumed_align=16)
+                    col0: Int32, scale: Float32) -> None:
+        """Accumulator (B row, A row) * scale -> C[A row, B row] in out_dtype, skipping rows >= m,
+        cols >= n."""
+        c_ptr = cute.make_ptr(self.c_dtype, c_address, cute.AddressSpace.gmem, assumed_align=16)
         c = cute.make_tensor(c_ptr, cute.make_layout((m, n), stride=(n, 1)))
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
             row = row0 + a_row
             col = col0 + b_row
             if row < m and col < n:
-                # Both operands leave dequant_word_w scaled by 2^-7 (fp4_bits.ACC_UNSCALE).
-                c[row, col] = Float16(acc[i] * Float32(ACC_UNSCALE))
+                c[row, col] = self.c_dtype(acc[i] * scale)
 
 
 def _check_dsl_arch(arch: str) -> None:
@@ -439,9 +458,10 @@ def compile_kernel(config: Config, *, arch: str,
     i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
     i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
     ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
+    f32 = make_ptr(Float32, 16, cute.AddressSpace.gmem, assumed_align=4)
     with tempfile.TemporaryDirectory(prefix="nvfp4_sm90_") as dump:
         compiled = cute.compile(
-            gemm, i32, i64, i32, ws, ws, Int32(1), Int32(1),
+            gemm, i32, i64, i32, ws, ws, f32, Int32(1), Int32(1),
             options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
         )
         cubin, ptx = compiled.__cubin__, compiled.__ptx__

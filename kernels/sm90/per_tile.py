@@ -190,7 +190,8 @@ class PerTileA:
                 state.advance()
             warpgroup.wait_group(0)
             self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+                             tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
+                             self._c_scale(group))
             tile += grid
 
     @cute.jit

@@ -19,7 +19,7 @@ from kernels import tables
 from . import tma
 from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
 from .dequant import dequant_chunk
-from .fp4_bits import ACC_UNSCALE, permuted_chunk
+from .fp4_bits import permuted_chunk
 from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
                   ld_global_nc_u16, ld_global_nc_v4, ld_relaxed_gpu_u32, ld_shared_v4, nanosleep,
                   prefetch_tensormap, red_add_release_gpu_u32, select_bits, st_global_v4,
@@ -691,11 +691,12 @@ class StagedA:
                 pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
 
     @cute.jit
-    def _hand_over_tile(self, acc, coords, storage, trace=None) -> tuple:
+    def _hand_over_tile(self, acc, coords, storage, scale, trace=None) -> tuple:
         """async_epilogue, consumers: wait until the storers have copied out the previous
-        tile, write this one (fp16, unscaled) into the shared C tile, and signal it full; the
-        storers copy it out while the next tile's steps run. Returns the next tile's (k, first
-        scale row), which the storers posted before the first barrier (_store_tiles)."""
+        tile, write this one (times `scale`, its group's _c_scale, rounded to out_dtype) into
+        the shared C tile, and signal it full; the storers copy it out while the next tile's
+        steps run. Returns the next tile's (k, first scale row, C scale), which the storers
+        posted before the first barrier (_store_tiles)."""
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
@@ -703,31 +704,39 @@ class StagedA:
             self._stamp_tile(trace[0], 2, trace[1])
         posted = self._next_tile_post(storage)
         next_k, next_row0 = posted[0], posted[1]
+        next_scale = self._next_scale_post(storage)[0]
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
-            c_tile[a_row, b_row] = Float16(acc[i] * Float32(ACC_UNSCALE))
+            c_tile[a_row, b_row] = self.c_dtype(acc[i] * scale)
         # A full barrier rather than an arrive: the storers are already waiting here, and
         # compute-sanitizer's racecheck orders shared memory only through full barriers.
         c_full.arrive_and_wait()
         if cutlass.const_expr(trace is not None):
             self._stamp_tile(trace[0], 3, trace[1])
-        return next_k, next_row0
+        return next_k, next_row0, next_scale
 
     def _next_tile_post(self, storage) -> cute.Tensor:
         """async_epilogue: the storers' post of the consumers' next tile, (k, first scale
         row)."""
         return storage.next_tile.get_tensor(cute.make_layout(2))
 
+    def _next_scale_post(self, storage) -> cute.Tensor:
+        """async_epilogue: the storers' post of the consumers' next tile's C scale
+        (_c_scale: its group's alpha, loaded by the storers off the consumers' path)."""
+        return storage.next_scale.get_tensor(cute.make_layout(1))
+
     @cute.jit
     def _post_next_tile(self, storage, tile, group, prefix, sizes, total_tiles, st) -> Int32:
-        """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
-        tile); returns the group walked to (tiles only increase)."""
+        """Storers: post `tile`'s (k, first scale row, C scale) for the consumers (nothing past
+        the last tile); returns the group walked to (tiles only increase)."""
         if tile < total_tiles:
             group, k, row0 = self._consumer_tile(tile, group, prefix, sizes)
             if st == 0:
                 posted = self._next_tile_post(storage)
                 posted[0] = k
                 posted[1] = row0
+                scale_post = self._next_scale_post(storage)
+                scale_post[0] = self._c_scale(group)
         return group
 
     @cute.jit
@@ -788,14 +797,17 @@ class StagedA:
             # the next tile's from the storers (_store_tiles).
             k = Int32(0)
             scale_row0 = Int32(0)
+            c_scale = Float32(0.0)
             if tile < total_tiles:
                 group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
+                c_scale = self._c_scale(group)
             while tile < total_tiles:
                 b_state, a_state, prev_slot, trace = self._tile_k_loop(
                     tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
                     b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
                     ct)
-                k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
+                k, scale_row0, c_scale = self._hand_over_tile(acc, coords, storage, c_scale,
+                                                              trace)
                 tile += grid
         else:
             while tile < total_tiles:
@@ -808,7 +820,8 @@ class StagedA:
                     b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
                     ct)
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
+                                 self._c_scale(group))
                 tile += grid
 
     @cute.jit

@@ -165,7 +165,8 @@ class StreamK:
                 self._sk_write_partial(acc, sk_base + bidx * self.sk_slot_bytes, ct, consumers)
             else:
                 self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
+                                 self._c_scale(group))
 
     @cute.jit
     def _sk_add_partial(self, acc, slot, ct, consumers) -> None:
