@@ -2,15 +2,17 @@
 
 Op, for every group g of one launch (G groups, each with its own m, n, k; l = 1):
 
-    C_g[m, n] = sum_k (A_g[m, k] * SFA_g[m, k // 16]) * (B_g[n, k] * SFB_g[n, k // 16])
+    C_g[m, n] = alpha[g] * sum_k (A_g[m, k] * SFA_g[m, k // 16]) * (B_g[n, k] * SFB_g[n, k // 16])
 
     A_g  (m, k)  fp4 e2m1, K-major, two values per byte        (pointer table column "a")
     B_g  (n, k)  fp4 e2m1, K-major                              (column "b")
     SFA_g, SFB_g fp8 e4m3, one per 16 K elements, blocked layout of 512-byte atoms (128 rows x 4
                  scale columns, M-block outer, K-block inner; see shared/facts.md)
                                                                  (columns "sfa", "sfb")
-    C_g  (m, n)  fp16, row-major                                 (column "c")
-    fp32 accumulation in tensor memory.
+    C_g  (m, n)  Config.out_dtype (fp16 or bf16), row-major       (column "c")
+    alpha        fp32, one per group (table "alpha"; the runtime passes ones when the caller
+                 gives none, so the multiply is unconditional)
+    fp32 accumulation in tensor memory; alpha[g] scales the fp32 accumulator before the cast.
 
 Data path (one persistent CTA per SM, 192 threads, cluster 1x1x1):
     warp 5 (TMA): walks this CTA's tiles; on a group change patches the CTA's four TMA descriptors
@@ -19,11 +21,12 @@ Data path (one persistent CTA per SM, 192 threads, cluster 1x1x1):
         `ab_stages` shared-memory stages (PipelineTmaUmma).
     warp 4 (MMA): copies the stage's scale factors smem -> TMEM (tcgen05.cp) and issues
         tcgen05.mma block-scaled (MmaMXF4NVF4Op, 128x128x64, sf_vec 16) four times per K tile into
-        one of `acc_stages` TMEM accumulators; hands the tile's (coords, m, n, c pointer) to the
-        epilogue through shared memory (PipelineUmmaAsync).
-    warps 0-3 (epilogue): TMEM -> registers (tcgen05.ld 32x32b, one row per thread), fp32 -> fp16,
-        128-bit stores when the tile is full in N, 16-bit predicated stores otherwise; rows >= m and
-        columns >= n are never written.
+        one of `acc_stages` TMEM accumulators; hands the tile's (coords, m, n, c pointer, alpha)
+        to the epilogue through shared memory (PipelineUmmaAsync); alpha[g] is read from global
+        memory once per group change, like the problem sizes.
+    warps 0-3 (epilogue): TMEM -> registers (tcgen05.ld 32x32b, one row per thread), fp32 * alpha
+        -> out_dtype, 128-bit stores when the tile is full in N, 16-bit predicated stores
+        otherwise; rows >= m and columns >= n are never written.
 
 Scheduling: tiles are numbered group by group (m-tile fastest, then n-tile) through the CTA prefix
 table; CTA b owns the contiguous range [b * ceil(T / grid), ...), T = cta_prefix[G]. The group of
@@ -39,6 +42,7 @@ Launch ABI (kernel parameters, in order; recorded through kernels.abi.KernelArgs
     pointers             table   int64 (G, 5) a, b, sfa, sfb, c
     cta_prefix           table   int32 (G + 1,) prefix sums of 128x128 output tiles
     tensormap_workspace  table   4 x 128 bytes per launched CTA, indexed by blockIdx.x
+    alpha                table   float32 (G,) per-group scale of the accumulator
     num_groups           scalar  int32 G
 The TMA coordinate tensors and the shared-memory layouts are kernel arguments too, but static: they
 lower to no parameter (checked by KernelArgs.static).
@@ -56,8 +60,8 @@ and coordinates are linear in the tile index, so they do not limit the problem s
 Constraints: k % 256 == 0 (whole K tiles), n % 8 == 0 (16-byte C rows for the 128-bit stores),
 every group has m, n, k > 0 (a group without tiles would break the forward walk) and l == 1;
 m * n < 2**31 (C offsets are 32-bit, as in the original); A, B, SFA, SFB, C and the tables 16-byte
-aligned; the tensormap workspace 128-byte aligned with 512 bytes per launched CTA, never shared
-by launches that can overlap.
+aligned (alpha: 4-byte); the tensormap workspace 128-byte aligned with 512 bytes per launched CTA,
+never shared by launches that can overlap.
 
 Build (needs no GPU; the arch is read once when cutlass is imported, so build in a process that
 sets CUTE_DSL_ARCH first):
@@ -100,7 +104,8 @@ SYMBOL_PREFIX = "nvfp4_gg_sm100"  # the DSL appends "_cutlass_<n>" (see kernel.s
 
 AB_DTYPE = cutlass.Float4E2M1FN
 SF_DTYPE = cutlass.Float8E4M3FN
-C_DTYPE = cutlass.Float16
+# The element type C is written in, by Config.out_dtype (runtime.manifest.OUT_DTYPES).
+C_DTYPES = {"float16": cutlass.Float16, "bfloat16": cutlass.BFloat16}
 SF_VEC = 16
 MMA_TILER = (sm100_config.TILE_M, sm100_config.TILE_N, sm100_config.K_TILE)  # (128, 128, 256)
 MMA_INST_K = 64  # K of one tcgen05 block-scaled MMA instruction: 4 per K tile
@@ -142,10 +147,11 @@ class Sm100GroupedGemm:
     """Persistent warp-specialized NVFP4 grouped GEMM (tcgen05, TMEM accumulators).
 
     Build-time configuration only (`kernels.sm100.config.Config`): `acc_stages` TMEM accumulator
-    buffers (1 or 2; 2 overlaps the epilogue of a tile with the MMAs of the next) and `ab_stages`
-    shared-memory stages of the A/B/SFA/SFB pipeline. Everything per call (group count, shapes,
-    pointers, grid) is read on the device. `abi` collects the launch ABI while `__call__` traces,
-    so an instance is compiled once (a second trace fails: KernelArgs rejects repeated names).
+    buffers (1 or 2; 2 overlaps the epilogue of a tile with the MMAs of the next), `ab_stages`
+    shared-memory stages of the A/B/SFA/SFB pipeline, and `out_dtype`, the element type of C.
+    Everything per call (group count, shapes, pointers, alpha, grid) is read on the device.
+    `abi` collects the launch ABI while `__call__` traces, so an instance is compiled once (a
+    second trace fails: KernelArgs rejects repeated names).
     """
 
     def __init__(self, config: sm100_config.Config) -> None:
@@ -154,6 +160,7 @@ class Sm100GroupedGemm:
             raise ValueError("invalid sm100 config: " + "; ".join(reasons))
         self.acc_stages = config.acc_stages
         self.ab_stages = config.ab_stages
+        self.c_dtype = C_DTYPES[config.out_dtype]  # what the epilogue rounds C to
         self.abi = abi.KernelArgs()
 
     # ----------------------------------------------------------------------------------------
@@ -167,6 +174,7 @@ class Sm100GroupedGemm:
         pointers: cute.Pointer,
         cta_prefix: cute.Pointer,
         tensormap_workspace: cute.Pointer,
+        alpha: cute.Pointer,
         num_groups: cutlass.Int32,
     ):
         tiled_mma = self._make_tiled_mma()
@@ -225,6 +233,7 @@ class Sm100GroupedGemm:
         args.table("pointers", pointers, "pointers")
         args.table("cta_prefix", cta_prefix, "cta_prefix")
         args.table("tensormap_workspace", tensormap_workspace, "tensormap_workspace")
+        args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
         # The grid here only feeds the DSL's own launcher, which is never used. It is a run-time
@@ -257,10 +266,12 @@ class Sm100GroupedGemm:
         pointers_ptr: cute.Pointer,
         cta_prefix_ptr: cute.Pointer,
         workspace_ptr: cute.Pointer,
+        alpha_ptr: cute.Pointer,
         num_groups: cutlass.Int32,
     ):
         acc_stages = self.acc_stages
         ab_stages = self.ab_stages
+        c_dtype = self.c_dtype
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
         is_epilogue_warp = warp_idx < EPILOGUE_WARPS
@@ -279,6 +290,7 @@ class Sm100GroupedGemm:
                              stride=(len(tables.POINTER_COLUMNS), 1)),
         )
         cta_prefix = cute.make_tensor(cta_prefix_ptr, cute.make_layout((num_groups + 1,)))
+        alpha = cute.make_tensor(alpha_ptr, cute.make_layout((num_groups,)))
 
         # Persistent schedule: this CTA owns tiles [tile_start, tile_end).
         bidx, _, _ = cute.arch.block_idx()
@@ -315,6 +327,7 @@ class Sm100GroupedGemm:
         tile_n_smem = smem.allocate_tensor(cutlass.Int32, stage_layout, 16)
         tile_l_smem = smem.allocate_tensor(cutlass.Int32, stage_layout, 16)
         tile_c_ptr_smem = smem.allocate_tensor(cutlass.Int64, stage_layout, 16)
+        tile_alpha_smem = smem.allocate_tensor(cutlass.Float32, stage_layout, 16)
 
         # Pipelines: smem stages (TMA -> MMA) and TMEM accumulators (MMA -> epilogue).
         stage0 = (None, None, None, 0)
@@ -566,6 +579,7 @@ class Sm100GroupedGemm:
             n = cutlass.Int32(0)
             l = cutlass.Int32(0)
             c_ptr = cutlass.Int64(0)
+            group_alpha = cutlass.Float32(1.0)
             group_idx = self._find_group(cta_prefix, num_groups, tile_idx)
             group_end = cta_prefix[group_idx + 1]
             while tile_idx < tile_end:
@@ -578,6 +592,7 @@ class Sm100GroupedGemm:
                     k = problem_sizes[group_idx, tables.COL_K]
                     l = problem_sizes[group_idx, tables.COL_L]
                     c_ptr = group_ptrs[group_idx, tables.PTR_C]
+                    group_alpha = alpha[group_idx]
                     cta_m = _ceil_div(m, MMA_TILER[0])
                     k_tile_cnt = _ceil_div(k, MMA_TILER[2])
                     cta_rest = tile_idx - cta_prefix[group_idx]
@@ -593,6 +608,7 @@ class Sm100GroupedGemm:
                 tile_n_smem[stage_idx] = n
                 tile_l_smem[stage_idx] = l
                 tile_c_ptr_smem[stage_idx] = c_ptr
+                tile_alpha_smem[stage_idx] = group_alpha
                 if cutlass.const_expr(acc_stages == 1):
                     tCtAcc = tCtAcc_stage0
                 else:
@@ -627,7 +643,7 @@ class Sm100GroupedGemm:
                 tile_idx += 1
 
         #
-        # Epilogue warps: TMEM -> registers -> fp16 -> global, masked to (m, n).
+        # Epilogue warps: TMEM -> registers -> * alpha -> out_dtype -> global, masked to (m, n).
         #
         copy_atom_t2r = cute.make_copy_atom(
             tcgen05.Ld32x32bOp(tcgen05.Repetition.x128, tcgen05.Pack.NONE), cutlass.Float32
@@ -635,9 +651,9 @@ class Sm100GroupedGemm:
         epilogue_slice_idx = tidx
         if not is_epilogue_warp:
             epilogue_slice_idx = 0
-        simt_atom_128 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), C_DTYPE,
+        simt_atom_128 = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), c_dtype,
                                             num_bits_per_copy=128)
-        simt_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), C_DTYPE, num_bits_per_copy=16)
+        simt_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), c_dtype, num_bits_per_copy=16)
         thread_row = tidx
         if cutlass.const_expr(acc_stages == 1):
             tiled_copy_t2r_stage0 = tcgen05.make_tmem_copy(copy_atom_t2r, tCtAcc_stage0[None, 0, 0])
@@ -650,6 +666,7 @@ class Sm100GroupedGemm:
             n = cutlass.Int32(0)
             l = cutlass.Int32(0)
             c_ptr = cutlass.Int64(0)
+            tile_alpha = cutlass.Float32(1.0)
             while tile_idx < tile_end:
                 acc_full = acc_consumer.wait_and_advance()
                 stage_idx = acc_full.index
@@ -659,6 +676,7 @@ class Sm100GroupedGemm:
                 n = tile_n_smem[stage_idx]
                 l = tile_l_smem[stage_idx]
                 c_ptr = tile_c_ptr_smem[stage_idx]
+                tile_alpha = tile_alpha_smem[stage_idx]
 
                 if cutlass.const_expr(acc_stages == 1):
                     tiled_copy_t2r = tiled_copy_t2r_stage0
@@ -671,9 +689,9 @@ class Sm100GroupedGemm:
                     thr_copy_t2r = tiled_copy_t2r.get_slice(epilogue_slice_idx)
                     tDtAcc = thr_copy_t2r.partition_S(tCtAcc[None, 0, 0])
 
-                # C rows are n fp16 apart; n % 8 == 0 keeps every row 16-byte aligned.
+                # C rows are n 16-bit elements apart; n % 8 == 0 keeps every row 16-byte aligned.
                 mC_mnl = cute.make_tensor(
-                    cute.make_ptr(C_DTYPE, c_ptr, cute.AddressSpace.gmem, assumed_align=16),
+                    cute.make_ptr(c_dtype, c_ptr, cute.AddressSpace.gmem, assumed_align=16),
                     cute.make_layout((m, n, l),
                                      stride=(cute.assume(n, 8), 1, cute.assume(m * n, 8))),
                 )
@@ -682,7 +700,7 @@ class Sm100GroupedGemm:
                 tCgC = thr_mma.partition_C(gC_mnl)
                 tDgC = thr_copy_t2r.partition_D(tCgC[None, 0, 0])
                 tDrAcc = cute.make_rmem_tensor(tDgC.shape, cutlass.Float32)
-                tDrC = cute.make_rmem_tensor(tDgC.shape, C_DTYPE)
+                tDrC = cute.make_rmem_tensor(tDgC.shape, c_dtype)
 
                 residue_m = m - coord_x * MMA_TILER[0]
                 residue_n = n - coord_y * MMA_TILER[1]
@@ -693,7 +711,7 @@ class Sm100GroupedGemm:
 
                 cute.copy(tiled_copy_t2r, tDtAcc, tDrAcc)
                 if has_output_row:
-                    tDrC.store(tDrAcc.load().to(C_DTYPE))
+                    tDrC.store((tDrAcc.load() * tile_alpha).to(c_dtype))
 
                 if has_output_row and full_n_tile:
                     cute.copy(simt_atom_128, cute.flatten(tDrC), cute.flatten(tDgC))
@@ -715,7 +733,8 @@ class Sm100GroupedGemm:
     # this kernel: without it the PTX keeps the epilogue's fp16 fragment in a 256-byte local
     # array and the SASS has 160 local loads/stores in 2882 lines; with it the PTX has no local
     # memory and the SASS has 127 in 3682 lines, like the original kernel (127 in 3832), whose
-    # name also contained "cutlass".
+    # name also contained "cutlass". With the alpha multiply (acc_stages 2): fp16 128 in 3722,
+    # bf16 96 in 3468.
     kernel.set_name_prefix(SYMBOL_PREFIX, remove_cutlass_symbol=False, keep_mangled_name=False)
 
     # ----------------------------------------------------------------------------------------
@@ -820,10 +839,11 @@ def compile_dsl(config: sm100_config.Config) -> tuple[Sm100GroupedGemm, Any, byt
     gemm = Sm100GroupedGemm(config)
     i32_ptr = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=16)
     i64_ptr = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=16)
+    f32_ptr = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
     with tempfile.TemporaryDirectory(prefix="sm100_gg_") as dump_dir:
         # Without an existing dump directory __cubin__ / __ptx__ are paths, not contents.
         compiled = cute.compile(
-            gemm, i32_ptr, i64_ptr, i32_ptr, i64_ptr, cutlass.Int32(1),
+            gemm, i32_ptr, i64_ptr, i32_ptr, i64_ptr, f32_ptr, cutlass.Int32(1),
             options=f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {dump_dir}",
         )
         cubin = compiled.__cubin__
