@@ -1,9 +1,15 @@
 """Benchmark: this project's NVFP4 grouped GEMM against what a user would run instead, one run.
 
     PYTHONPATH=. python bench/bench_grouped.py --artifacts artifacts [--sets moe_gateup ...]
+    PYTHONPATH=. python bench/bench_grouped.py --artifacts 'artifacts#bf16,alpha' \
+        --compare 'old_artifacts#f16'          # A/B of call variants, replays interleaved
+
+An artifact directory may carry a call variant after '#': `bf16` or `f16` (the output type,
+default f16) and `alpha` (a per-group float32 alpha of powers of two, 0.5 / 1 / 2, so the check
+stays bit-exact), comma-separated.
 
 Per benchmark set (facts.md, plus a compute-heavy set), side by side in the same process:
-  ours      the artifact kernel through runtime.grouped_gemm (NVFP4 in, fp16 out)
+  ours      the artifact kernel through runtime.grouped_gemm (NVFP4 in, fp16 or bf16 out)
   cublas    torch.mm per group in bf16 on pre-dequantized weights and activations
   grouped   torch._grouped_mm in bf16 on the same pre-dequantized tensors
   floor     max(FLOPs at the bf16 MMA rate, NVFP4 bytes at the copy bandwidth), both ceilings
@@ -23,6 +29,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -134,23 +141,61 @@ def input_sets(groups: list) -> list:
             for i in range(n_sets)]
 
 
-def capture_ours(gg: runtime.GroupedGemm, probs: list, groups: list) -> tuple[list, list]:
-    """One graph per input set of our kernel from `gg`, and the outputs each one writes."""
-    outs = [[torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
+class Variant:
+    """How one column calls the runtime: its artifacts, output type and alpha (see the module
+    docstring: 'DIR#bf16,alpha')."""
+
+    OUT = {"f16": torch.float16, "bf16": torch.bfloat16}
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        path, _, opts = text.partition("#")
+        self.dir, self.out_dtype, self.alpha = path, torch.float16, False
+        for opt in filter(None, opts.split(",")):
+            if opt in self.OUT:
+                self.out_dtype = self.OUT[opt]
+            elif opt == "alpha":
+                self.alpha = True
+            else:
+                raise SystemExit(f"variant option must be one of f16, bf16, alpha, but got "
+                                 f"{opt!r} in {text!r}")
+        self.gg = runtime.load(self.dir)
+
+    def alpha_for(self, groups: list) -> torch.Tensor | None:
+        """Powers of two: the product stays exact, so the check stays bit for bit."""
+        if not self.alpha:
+            return None
+        return torch.tensor([2.0 ** (g % 3 - 1) for g in range(len(groups))],
+                            dtype=torch.float32, device="cuda")
+
+    def reference(self, prob: Any, groups: list) -> list:
+        alpha = self.alpha_for(groups)
+        return reference_grouped_gemm(prob.a, prob.b, prob.sfa, prob.sfb, groups,
+                                      alpha=None if alpha is None else alpha.tolist(),
+                                      out_dtype=self.out_dtype)
+
+
+def capture_ours(v: Variant, probs: list, groups: list) -> tuple[list, list]:
+    """One graph per input set of our kernel called as `v` says, and the outputs each one
+    writes."""
+    outs = [[torch.empty(m, n, dtype=v.out_dtype, device="cuda") for m, n, _ in groups]
             for _ in probs]
-    graphs = [capture(lambda p=p, o=o: gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o))
+    alpha = v.alpha_for(groups)
+    graphs = [capture(lambda p=p, o=o: v.gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=o,
+                                                         alpha=alpha))
               for p, o in zip(probs, outs)]
     return graphs, outs
 
 
 def replayed_exact(graph: torch.cuda.CUDAGraph, outs: list, ref: list) -> bool:
-    """Replay `graph` and compare its outputs with fp16(float64 reference), bit for bit."""
+    """Replay `graph` and compare its outputs with the reference rounded to the output type
+    (Variant.reference), bit for bit."""
     graph.replay()
     torch.cuda.synchronize()
-    return all(torch.equal(o, r.half()) for o, r in zip(outs, ref))
+    return all(torch.equal(o, r) for o, r in zip(outs, ref))
 
 
-def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceilings,
+def bench_set(v: Variant, name: str, groups: list, reps: int, ceilings,
               baselines: bool = True) -> dict:
     tflops_peak, gbs = ceilings
     flops = sum(2 * m * n * k for m, n, k in groups)
@@ -158,12 +203,12 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
                       for m, n, k in groups)
     probs = input_sets(groups)
     n_sets = len(probs)
-    ours, outs = capture_ours(gg, probs, groups)
+    ours, outs = capture_ours(v, probs, groups)
     t_ours = time_graphs(ours, reps)
     # correctness on the timed inputs: the last replayed graph's buffers
-    ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
+    ref = v.reference(probs[-1], groups)
     exact = replayed_exact(ours[-1], outs[-1], ref)
-    ok, report = check_close(outs[-1], ref)
+    ok, report = check_close(outs[-1], [r.double() for r in ref])
     ok = ok and exact
     del ours, ref
 
@@ -211,25 +256,25 @@ def bench_set(gg: runtime.GroupedGemm, name: str, groups: list, reps: int, ceili
     return row
 
 
-def compare_set(ggs: list[runtime.GroupedGemm], name: str, groups: list, reps: int) -> dict:
-    """Our kernel from each artifact directory on the same inputs, timed interleaved; each
+def compare_set(variants: list[Variant], name: str, groups: list, reps: int) -> dict:
+    """Our kernel called as each variant says on the same inputs, timed interleaved; each
     checked bit-exact on the last input set."""
     probs = input_sets(groups)
-    captured = [capture_ours(gg, probs, groups) for gg in ggs]
+    captured = [capture_ours(v, probs, groups) for v in variants]
     times = time_interleaved([graphs for graphs, _ in captured], reps)
-    ref = reference_grouped_gemm(probs[-1].a, probs[-1].b, probs[-1].sfa, probs[-1].sfb, groups)
-    oks = [replayed_exact(graphs[-1], outs[-1], ref) for graphs, outs in captured]
+    oks = [replayed_exact(graphs[-1], outs[-1], v.reference(probs[-1], groups))
+           for v, (graphs, outs) in zip(variants, captured)]
     return {"set": name, "us": times, "ok": oks}
 
 
 def compare(dirs: list[str], sets: list[str], reps: int, json_path: str | None) -> int:
-    """--compare: one row per set, one column per artifact directory, and each time relative to
-    the first directory's."""
-    ggs = [runtime.load(d) for d in dirs]
+    """--compare: one row per set, one column per artifact directory (and call variant), and
+    each time relative to the first's."""
+    variants = [Variant(d) for d in dirs]
     rows = []
     for name in sets:
         try:
-            rows.append(compare_set(ggs, name, ALL_SETS[name], reps))
+            rows.append(compare_set(variants, name, ALL_SETS[name], reps))
         except runtime.NoKernelError as exc:
             print(f"  {name}: skipped, a directory has no kernel for it "
                   f"({str(exc).splitlines()[0]})")
@@ -261,14 +306,14 @@ def main() -> int:
     if args.compare:
         return compare([args.artifacts, *args.compare], args.sets, args.reps, args.json)
 
-    gg = runtime.load(args.artifacts)
+    ours = Variant(args.artifacts)
     ceilings = measure_ceilings()
     print(f"{torch.cuda.get_device_name()}: bf16 matmul {ceilings[0]:.0f} TFLOP/s, "
           f"copy {ceilings[1]:.0f} GB/s (read+write)")
     rows = []
     for name in args.sets:
         try:
-            rows.append(bench_set(gg, name, ALL_SETS[name], args.reps, ceilings,
+            rows.append(bench_set(ours, name, ALL_SETS[name], args.reps, ceilings,
                                   not args.no_baselines))
         except runtime.NoKernelError as exc:
             print(f"  {name}: skipped, no kernel built ({str(exc).splitlines()[0]})")
