@@ -26,6 +26,7 @@ import runtime
 from runtime.dispatch import dynamic_groups, exact_groups
 from runtime.errors import ArtifactError, InputError, NoKernelError
 from runtime.manifest import KernelEntry
+from runtime.nvfp4 import reference_grouped_gemm
 from runtime.validate import blocked_scale_numel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -584,3 +585,52 @@ def test_graph_capture_after_fast_path_warmup(gg, entries) -> None:
         gg.grouped_gemm(*static, out=eager)
     torch.cuda.synchronize()
     assert same_bits(eager, out)
+
+
+def test_alpha_and_bf16_through_every_launch_path(gg, entries) -> None:
+    """Issue 24: the epilogue's alpha and output type, through the full path, the fast path
+    (a new alpha tensor each call: its address is not part of the cached pointer table), a
+    bound call whose alpha is rewritten in place, and a captured graph. Powers of two keep the
+    products exact, so every result must equal the float64 reference rounded to bf16."""
+    bf16 = [e for e in entries if e.out_dtype == "bfloat16" and e.takes_alpha]
+    if not bf16:
+        pytest.skip("no bf16 kernel with alpha built")
+    e = small_entry(bf16)
+    shapes = shapes_for(e, random.Random(41))
+    if all(m == 0 for m, _, _ in shapes):
+        shapes = tuple((5, n, k) for _, n, k in shapes)
+    a, b, sfa, sfb = make_inputs(shapes, "cuda", 41)
+    g = len(shapes)
+    alphas = [[2.0 ** ((i + j) % 5 - 2) for i in range(g)] for j in range(3)]
+
+    def expect(al):
+        return reference_grouped_gemm(a, b, sfa, sfb, shapes, alpha=al, out_dtype=torch.bfloat16)
+
+    out = [torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+           for m, n, _ in shapes]
+    for j in (0, 1, 2, 0):  # full, full (plan hit: remembered), fast, fast
+        alpha = torch.tensor(alphas[j], device="cuda")
+        for c in out:
+            c.fill_(float("nan"))
+        got = gg.grouped_gemm(a, b, sfa, sfb, out=out, alpha=alpha)
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, r) for o, r in zip(got, expect(alphas[j]))), f"alpha {j}"
+    fresh = gg.grouped_gemm(a, b, sfa, sfb, out_dtype=torch.bfloat16)  # alpha None: ones
+    assert all(torch.equal(o, r) for o, r in zip(fresh, expect(None)))
+    assert fresh[0].dtype == torch.bfloat16
+    alpha = torch.tensor(alphas[0], device="cuda")
+    bound = gg.bind(a, b, sfa, sfb, out, alpha=alpha)
+    graph = torch.cuda.CUDAGraph()
+    bound()
+    with torch.cuda.graph(graph):
+        bound()
+    for j in (1, 2):
+        alpha.copy_(torch.tensor(alphas[j]))  # in place: the bound and captured address
+        bound()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, r) for o, r in zip(out, expect(alphas[j]))), f"bound {j}"
+        for c in out:
+            c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(o, r) for o, r in zip(out, expect(alphas[j]))), f"replay {j}"
