@@ -246,7 +246,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                 # after the one being handed over. Inside the barriers' first KiB, so the size
                 # is config.smem_bytes's.
                 fields["next_tile"] = cute.struct.MemRange[Int32, 2]
-                fields["next_scale"] = cute.struct.MemRange[Float32, 1]  # and its C scale
+                # The C scale (_c_scale) of the tile being handed over, posted by the storers.
+                fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
             fields |= {
                 "packed_b": cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],

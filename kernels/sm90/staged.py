@@ -691,12 +691,13 @@ class StagedA:
                 pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
 
     @cute.jit
-    def _hand_over_tile(self, acc, coords, storage, scale, trace=None) -> tuple:
+    def _hand_over_tile(self, acc, coords, storage, trace=None) -> tuple:
         """async_epilogue, consumers: wait until the storers have copied out the previous
-        tile, write this one (times `scale`, its group's _c_scale, rounded to out_dtype) into
-        the shared C tile, and signal it full; the storers copy it out while the next tile's
-        steps run. Returns the next tile's (k, first scale row, C scale), which the storers
-        posted before the first barrier (_store_tiles)."""
+        tile, write this one (times its C scale, rounded to out_dtype) into the shared C tile,
+        and signal it full; the storers copy it out while the next tile's steps run. Returns
+        the next tile's (k, first scale row). The storers posted both, and this tile's C scale,
+        before the first barrier (_store_tiles): the consumers never load alpha themselves (a
+        first-tile load of theirs cost dense_b 0.4 us, bench/RESULTS.md)."""
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
@@ -704,7 +705,7 @@ class StagedA:
             self._stamp_tile(trace[0], 2, trace[1])
         posted = self._next_tile_post(storage)
         next_k, next_row0 = posted[0], posted[1]
-        next_scale = self._next_scale_post(storage)[0]
+        scale = self._tile_scale_post(storage)[0]
         for i in cutlass.range_constexpr(cute.size(acc)):
             b_row, a_row = coords[i]
             c_tile[a_row, b_row] = self.c_dtype(acc[i] * scale)
@@ -713,30 +714,38 @@ class StagedA:
         c_full.arrive_and_wait()
         if cutlass.const_expr(trace is not None):
             self._stamp_tile(trace[0], 3, trace[1])
-        return next_k, next_row0, next_scale
+        return next_k, next_row0
 
     def _next_tile_post(self, storage) -> cute.Tensor:
         """async_epilogue: the storers' post of the consumers' next tile, (k, first scale
         row)."""
         return storage.next_tile.get_tensor(cute.make_layout(2))
 
-    def _next_scale_post(self, storage) -> cute.Tensor:
-        """async_epilogue: the storers' post of the consumers' next tile's C scale
-        (_c_scale: its group's alpha, loaded by the storers off the consumers' path)."""
-        return storage.next_scale.get_tensor(cute.make_layout(1))
+    def _tile_scale_post(self, storage) -> cute.Tensor:
+        """async_epilogue: the storers' post of the C scale (_c_scale: the group's alpha) of
+        the tile being handed over."""
+        return storage.tile_scale.get_tensor(cute.make_layout(1))
+
+    @cute.jit
+    def _post_tile_scale(self, storage, tile, group, prefix, sizes, st) -> Int32:
+        """Storers: post `tile`'s C scale for its hand-over; returns `tile`'s group (tiles only
+        increase, so the walk goes on from `group`)."""
+        group, _, _, _ = self._group_of(tile, group, prefix, sizes)
+        if st == 0:
+            scale_post = self._tile_scale_post(storage)
+            scale_post[0] = self._c_scale(group)
+        return group
 
     @cute.jit
     def _post_next_tile(self, storage, tile, group, prefix, sizes, total_tiles, st) -> Int32:
-        """Storers: post `tile`'s (k, first scale row, C scale) for the consumers (nothing past
-        the last tile); returns the group walked to (tiles only increase)."""
+        """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
+        tile); returns the group walked to (tiles only increase)."""
         if tile < total_tiles:
             group, k, row0 = self._consumer_tile(tile, group, prefix, sizes)
             if st == 0:
                 posted = self._next_tile_post(storage)
                 posted[0] = k
                 posted[1] = row0
-                scale_post = self._next_scale_post(storage)
-                scale_post[0] = self._c_scale(group)
         return group
 
     @cute.jit
@@ -756,8 +765,11 @@ class StagedA:
         # between tiles (bench/RESULTS.md, eleventh session).
         ahead = self._post_next_tile(storage, bidx + grid, Int32(0), prefix, sizes, total_tiles,
                                      st)
-        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
+        # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
+        if bidx < total_tiles:
+            group = self._post_tile_scale(storage, bidx, group, prefix, sizes, st)
+        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -777,6 +789,8 @@ class StagedA:
                                  *words)
             tile += grid
             if tile < total_tiles:
+                # After this hand-over's second barrier: the consumers have read the last post.
+                group = self._post_tile_scale(storage, tile, group, prefix, sizes, st)
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
     @cute.jit
@@ -797,17 +811,14 @@ class StagedA:
             # the next tile's from the storers (_store_tiles).
             k = Int32(0)
             scale_row0 = Int32(0)
-            c_scale = Float32(0.0)
             if tile < total_tiles:
                 group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
-                c_scale = self._c_scale(group)
             while tile < total_tiles:
                 b_state, a_state, prev_slot, trace = self._tile_k_loop(
                     tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
                     b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
                     ct)
-                k, scale_row0, c_scale = self._hand_over_tile(acc, coords, storage, c_scale,
-                                                              trace)
+                k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
                 tile += grid
         else:
             while tile < total_tiles:
