@@ -302,6 +302,10 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
         _parse_kernel(_Reader(k, f"{source}.kernels[{i}]"))
         for i, k in enumerate(r.get("kernels", list))
     )
+    from .entry_rules import check_entry  # imports dispatch and plan, which import this
+
+    for k in kernels:
+        check_entry(k)
     names = [k.name for k in kernels]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -317,6 +321,9 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
 def load_manifest(artifact_dir: str | Path) -> Manifest:
     """Read and validate `<artifact_dir>/manifest.json` (cubins are checked by the loader)."""
     path = Path(artifact_dir) / MANIFEST_NAME
+    if path.exists() and not path.is_file():
+        raise ManifestError(f"{path} is not a file (it is a directory or a special file); "
+                            "it must be the manifest.json a build wrote")
     if not path.is_file():
         raise ManifestError(
             f"no manifest at {path}; build one with `python build_kernels.py build` "
@@ -326,4 +333,6 @@ def load_manifest(artifact_dir: str | Path) -> Manifest:
         obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return parse_manifest(obj, str(path))
