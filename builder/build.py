@@ -112,22 +112,26 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
     with _terminate_like_ctrl_c(), atomic.DirLock(target, lock_timeout):
         atomic.recover(target)
         atomic.check_replaceable(target, MANIFEST_NAME)
-        old, note = artifacts.read_existing(target)
-        notes = [note] if note else []
+        existing = artifacts.read_existing(target)
+        old, notes = existing.manifest, list(existing.notes)
         reuse = {} if force else artifacts.reusable(old, target)
         entries: dict[str, KernelEntry] = {}
         rows: dict[str, Row] = {}
         todo = []
         for it in items:
-            if it.key in reuse:
+            why = artifacts.derived_mismatch(it, reuse[it.key]) if it.key in reuse else None
+            if it.key in reuse and why is None:
                 entries[it.name] = e = artifacts.reused_entry(it, reuse[it.key])
                 rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
                                     e.dynamic_smem, None, "reused")
-            else:
-                todo.append(it)
+                continue
+            if why:
+                notes.append(f"the existing entry for {it.name} cannot be reused ({why}); "
+                             "recompiling it")
+            todo.append(it)
         on_plan(len(todo), len(items) - len(todo))
         manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version())
-        if not todo and old is not None:
+        if not todo and old is not None and not existing.notes:
             current = (target / MANIFEST_NAME).read_text()
             if artifacts.manifest_text(manifest, str(target)) == current \
                     and not verify_dir(target):
