@@ -37,6 +37,7 @@ from runtime.manifest import (
 from .elf import cubin_arch
 from .errors import BuildError
 from .plan import BuildItem
+from .selection import check_shards
 
 
 def sha256_file(path: Path) -> str:
@@ -86,10 +87,11 @@ def reused_entry(item: BuildItem, old: KernelEntry) -> KernelEntry:
                                compile_seconds=0.0)
 
 
-def make_manifest(entries: list[KernelEntry], builder_version: str,
-                  dsl_version: str) -> Manifest:
+def make_manifest(entries: list[KernelEntry], builder_version: str, dsl_version: str,
+                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None) -> Manifest:
     return Manifest(schema_version=SCHEMA_VERSION, builder_version=builder_version,
-                    dsl_version=dsl_version, kernels=tuple(sorted(entries, key=lambda e: e.name)))
+                    dsl_version=dsl_version, kernels=tuple(sorted(entries, key=lambda e: e.name)),
+                    spec_fingerprint=spec_fingerprint, shard=shard)
 
 
 def manifest_text(manifest: Manifest, source: str) -> str:
@@ -241,13 +243,17 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
                                      f"and in {d} (key {e.key[:12]}) with different keys; "
                                      "were the shards built from different sources or specs?")
                 continue
-            path = d / e.cubin
+            try:
+                path = cubin_path(d, e)
+            except ArtifactError as exc:
+                raise BuildError(f"cannot merge {d}: {exc}") from exc
             if not path.is_file() or sha256_file(path) != e.sha256:
                 raise BuildError(f"cannot merge {d}: cubin {e.cubin} of {e.name} is missing or "
                                  "does not match its sha256; run `verify` on it")
             chosen[e.name] = (d, e)
+    fingerprint, shard = check_shards(loaded)
     first = loaded[0][1] if loaded else None
     manifest = make_manifest([e for _, e in chosen.values()],
                              first.builder_version if first else "",
-                             first.dsl_version if first else "")
+                             first.dsl_version if first else "", fingerprint, shard)
     return manifest, list(chosen.values())

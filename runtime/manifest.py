@@ -122,6 +122,10 @@ class Manifest:
     builder_version: str
     dsl_version: str
     kernels: tuple[KernelEntry, ...]
+    # What the build was part of, for `merge` (issue 28): a hash of the whole spec's kernel
+    # names and keys ("" in manifests older than it), and (i, n) for a `--shard i/n` build.
+    spec_fingerprint: str = ""
+    shard: tuple[int, int] | None = None
 
     def to_json(self) -> str:
         """Deterministic JSON: the same build gives byte-identical manifests."""
@@ -310,11 +314,17 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ManifestError(f"{source}: kernel names must be unique, but {dupes} repeat")
+    shard = r.ints("shard", 2) if r.obj.get("shard") is not None else None
+    if shard is not None and not 0 <= shard[0] < shard[1]:
+        raise ManifestError(f"{source}.shard must be [i, n] with 0 <= i < n, but got "
+                            f"{list(shard)}")
     return Manifest(
         schema_version=version,
         builder_version=r.get("builder_version", str),
         dsl_version=r.get("dsl_version", str),
         kernels=kernels,
+        spec_fingerprint=r.get("spec_fingerprint", str, optional=True) or "",
+        shard=shard,  # type: ignore[arg-type]
     )
 
 
