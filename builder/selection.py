@@ -58,8 +58,9 @@ def check_selective(selection: Selection, target: Path, existing: frozenset[str]
     fix = ("A selective build never deletes kernels: build into a new --out (then `merge` it "
            "with the rest), or build every set (no --only / --shard)")
     if existing is None and has_manifest:
-        raise SelectionError(f"{target} holds a manifest that cannot be read, so {selection.describe()} "
-                             f"cannot tell which kernels it would delete; refusing. {fix}")
+        raise SelectionError(f"{target} holds a manifest that cannot be read, so "
+                             f"{selection.describe()} cannot tell which kernels it would delete; "
+                             f"refusing. {fix}")
     extra = sorted((existing or frozenset()) - set(selected))
     if extra:
         shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")

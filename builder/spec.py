@@ -361,8 +361,9 @@ class _Checker:
                 if v <= 0:
                     raise self.fail(f"{gpath}[{i}]", f"{dim} must be > 0, but got {v}")
                 if v >= TABLE_LIMIT:
-                    raise self.fail(f"{gpath}[{i}]", f"{dim} must be < 2^31 (the runtime's "
-                                                     f"problem-size table holds int32), but got {v}")
+                    raise self.fail(f"{gpath}[{i}]",
+                                    f"{dim} must be < 2^31 (the runtime's problem-size table "
+                                    f"holds int32), but got {v}")
             at = dict(zip(dims, range(len(dims))))
             n, k = values[at["n"]], values[at["k"]]
             for arch in archs:
