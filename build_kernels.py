@@ -31,7 +31,8 @@ Examples:
   python build_kernels.py package artifacts --out dist --name moe
 
 \b
-Exit codes: 0 ok, 1 build or verify failed, 2 invalid shapes.yaml or arguments.
+Exit codes: 0 ok; 1 build, verify or merge failed, or the output cannot be written; 2 invalid
+shapes.yaml or arguments, incl. a selective build that would delete kernels.
 \b
 Environment:
   NVFP4_BUILD_FAMILIES  module that defines FAMILIES (default kernels.families); for tests
@@ -59,6 +60,15 @@ class DefaultGroup(click.Group):
 def _fail(message: str, code: int) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
+
+
+def _say(message: str) -> None:
+    click.echo(f"note: {message}", err=True)
+
+
+def _check_lock_timeout(seconds: float) -> None:
+    if not seconds >= 0:  # also NaN
+        _fail(f"--lock-timeout must be a number of seconds >= 0, but got {seconds:g}", 2)
 
 
 def _default_jobs() -> int:
@@ -114,8 +124,9 @@ class _Progress:
 @click.option("--spec", "spec_path", default="shapes.yaml", show_default=True,
               type=click.Path(dir_okay=False), help="Shape sets to build.")
 @click.option("--out", default="artifacts", show_default=True, type=click.Path(file_okay=False),
-              help="Artifact directory; replaced atomically, and afterwards holds exactly the "
-                   "selected kernels.")
+              help="Artifact directory; replaced atomically. A full build leaves exactly the "
+                   "spec's kernels; a selective one (--only, --shard) is refused if it holds "
+                   "kernels outside the selection (exit 2), so it never deletes any.")
 @click.option("--jobs", "-j", default=_default_jobs(), show_default="CPU count", type=int,
               help="Worker subprocesses at once (one arch each; an arch is split when N is "
                    "larger than the number of archs).")
@@ -136,10 +147,12 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
     from builder.plan import expand, parse_shard
     from builder.plan import shard as take_shard
     from builder.report import summary_table
+    from builder.selection import Selection, SelectionError, spec_fingerprint
     from builder.spec import load_spec
 
     if jobs < 1:
         _fail(f"--jobs must be >= 1, but got {jobs}", 2)
+    _check_lock_timeout(lock_timeout)
     try:
         index_count = parse_shard(shard) if shard is not None else None
     except ValueError as exc:
@@ -155,15 +168,21 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
     if unknown:
         _fail(f"--only must name sets of {spec_path}, but got {unknown}; sets: "
               f"{', '.join(spec.set_names())}", 2)
-    items = expand(spec, families, only)
+    every = expand(spec, families)
+    items = [it for it in every if not only or it.set in only]
     if index_count is not None:
         items = take_shard(items, *index_count)
+    selection = Selection(spec_fingerprint(every), index_count, tuple(only))
 
     progress = _Progress()
     try:
         report = run_build(items, Path(out), families, jobs=jobs, force=force,
                            keep_going=keep_going, lock_timeout=lock_timeout,
-                           on_result=progress.result, on_plan=progress.plan)
+                           on_result=progress.result, on_plan=progress.plan,
+                           selection=selection, on_lock_wait=_say)
+    except SelectionError as exc:
+        progress.close()
+        _fail(str(exc), 2)
     except BuildFailed as exc:
         progress.close()
         _fail(str(exc), 1)
@@ -279,13 +298,15 @@ def verify(directory: str) -> None:
                                "python build_kernels.py merge artifacts shard0 shard1"))
 @click.argument("out", type=click.Path(file_okay=False))
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(file_okay=False, exists=True))
-@click.option("--lock-timeout", default=300.0, show_default=True, type=float)
+@click.option("--lock-timeout", default=300.0, show_default=True, type=float,
+              help="Seconds to wait for another build or merge writing the same OUT.")
 def merge(out: str, dirs: tuple[str, ...], lock_timeout: float) -> None:
     """Combine shard artifact directories DIRS into OUT."""
     from builder.build import merge as run_merge
 
+    _check_lock_timeout(lock_timeout)
     try:
-        manifest = run_merge(Path(out), [Path(d) for d in dirs], lock_timeout)
+        manifest = run_merge(Path(out), [Path(d) for d in dirs], lock_timeout, on_lock_wait=_say)
     except BuilderError as exc:
         _fail(str(exc), 1)
     click.echo(f"{out}: merged {len(manifest.kernels)} kernel(s) from {len(dirs)} director"

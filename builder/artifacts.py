@@ -16,11 +16,13 @@ import dataclasses
 import hashlib
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runtime.dispatch import KernelIndex
-from runtime.errors import ManifestError
+from runtime.errors import ArtifactError, ManifestError
+from runtime.loader import cubin_path
 from runtime.manifest import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
@@ -35,6 +37,7 @@ from runtime.manifest import (
 from .elf import cubin_arch
 from .errors import BuildError
 from .plan import BuildItem
+from .selection import check_shards
 
 
 def sha256_file(path: Path) -> str:
@@ -84,10 +87,11 @@ def reused_entry(item: BuildItem, old: KernelEntry) -> KernelEntry:
                                compile_seconds=0.0)
 
 
-def make_manifest(entries: list[KernelEntry], builder_version: str,
-                  dsl_version: str) -> Manifest:
+def make_manifest(entries: list[KernelEntry], builder_version: str, dsl_version: str,
+                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None) -> Manifest:
     return Manifest(schema_version=SCHEMA_VERSION, builder_version=builder_version,
-                    dsl_version=dsl_version, kernels=tuple(sorted(entries, key=lambda e: e.name)))
+                    dsl_version=dsl_version, kernels=tuple(sorted(entries, key=lambda e: e.name)),
+                    spec_fingerprint=spec_fingerprint, shard=shard)
 
 
 def manifest_text(manifest: Manifest, source: str) -> str:
@@ -105,20 +109,67 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     (directory / MANIFEST_NAME).write_text(manifest_text(manifest, str(directory)))
 
 
-def read_existing(directory: Path) -> tuple[Manifest | None, str]:
-    """(manifest, note) of a previous build; (None, why) when there is none to reuse."""
-    if not (directory / MANIFEST_NAME).is_file():
-        return None, ""
+@dataclass(frozen=True)
+class Existing:
+    """What a previous build left in the target directory.
+
+    manifest: its entries that pass the runtime's own checks (None: no manifest, or none that
+    can be read); names: the name of every entry it holds, good or bad (None: not readable, so
+    unknown); notes: what could not be reused, and why."""
+
+    manifest: Manifest | None
+    names: frozenset[str] | None
+    notes: tuple[str, ...] = ()
+
+
+def _salvage(directory: Path, why: ManifestError) -> Existing:
+    """The entries of a manifest that fails as a whole which still pass alone: a hand-edited
+    field invalidates its own kernel (recompiled), not every other one."""
+    note = f"the existing manifest cannot be reused ({why}); rebuilding everything"
     try:
-        return load_manifest(directory), ""
+        obj = json.loads((directory / MANIFEST_NAME).read_text())
+        raw = obj["kernels"]
+        head = {k: obj[k] for k in ("schema_version", "builder_version", "dsl_version")}
+        if not isinstance(raw, list):
+            raise TypeError("kernels is not a list")
+        first = parse_manifest({**head, "kernels": []}, str(directory))
+    except (OSError, ValueError, KeyError, TypeError, ManifestError):
+        return Existing(None, None, (note,))
+    good, names, notes = [], set(), []
+    for i, k in enumerate(raw):
+        name = k.get("name") if isinstance(k, dict) else None
+        if not isinstance(name, str):
+            return Existing(None, None, (note,))
+        names.add(name)
+        try:
+            good.extend(parse_manifest({**head, "kernels": [k]}, f"kernels[{i}]").kernels)
+        except ManifestError as exc:
+            notes.append(f"the existing entry of {name} cannot be reused ({exc}); recompiling it")
+    if not good:
+        return Existing(None, frozenset(names), (note,))
+    return Existing(dataclasses.replace(first, kernels=tuple(good)), frozenset(names),
+                    tuple(notes))
+
+
+def read_existing(directory: Path) -> Existing:
+    """The previous build in `directory`, checked as strictly as `runtime.load` checks it."""
+    if not (directory / MANIFEST_NAME).is_file():
+        return Existing(None, frozenset())
+    try:
+        m = load_manifest(directory)
     except ManifestError as exc:
-        return None, f"the existing manifest cannot be reused ({exc}); rebuilding everything"
+        return _salvage(directory, exc)
+    return Existing(m, frozenset(e.name for e in m.kernels))
 
 
 def _intact(e: KernelEntry, directory: Path) -> bool:
-    """The cubin is there, has its recorded sha256, arch and symbol (a hand-edited manifest can
-    make a wrong cubin's sha256 match; the arch and symbol checks cost nothing more)."""
-    path = directory / e.cubin
+    """The cubin is there, inside the directory, has its recorded sha256, arch and symbol (a
+    hand-edited manifest can make a wrong cubin's sha256 match; the arch and symbol checks cost
+    nothing more)."""
+    try:
+        path = cubin_path(directory, e)
+    except ArtifactError:
+        return False
     if not path.is_file():
         return False
     data = path.read_bytes()
@@ -140,6 +191,26 @@ def reusable(old: Manifest | None, directory: Path) -> dict[str, KernelEntry]:
         if e.key not in out and _intact(e, directory):
             out[e.key] = e
     return out
+
+
+def derived_mismatch(item: BuildItem, old: KernelEntry) -> str | None:
+    """The first field of an old entry with the item's key that disagrees with what the spec
+    fixes for the item (None: none). The key says the inputs are the same, but the entry is
+    data on disk: a hand-edited `constraints` that still parses would serve other shapes."""
+    if item.dynamic_m:
+        want_c: Any = ("dynamic_m", {"groups": [list(g) for g in item.groups],
+                                     "max_m": item.max_m})
+    else:
+        want_c = ("groups", [list(g) for g in item.groups])
+    checks = (("arch", old.arch, item.arch), ("family", old.family, item.family),
+              ("acc_stages", old.acc_stages, item.acc_stages),
+              ("out_dtype", old.out_dtype, item.out_dtype),
+              ("options", old.options, item.options_dict()),
+              (f"constraints.{want_c[0]}", old.constraints.get(want_c[0]), want_c[1]))
+    for field, got, want in checks:
+        if got != want:
+            return f"{field} must be {want!r} for its key, but got {got!r}"
+    return None
 
 
 def copy_cubin(src: Path, staging: Path, rel: str) -> None:
@@ -172,13 +243,17 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
                                      f"and in {d} (key {e.key[:12]}) with different keys; "
                                      "were the shards built from different sources or specs?")
                 continue
-            path = d / e.cubin
+            try:
+                path = cubin_path(d, e)
+            except ArtifactError as exc:
+                raise BuildError(f"cannot merge {d}: {exc}") from exc
             if not path.is_file() or sha256_file(path) != e.sha256:
                 raise BuildError(f"cannot merge {d}: cubin {e.cubin} of {e.name} is missing or "
                                  "does not match its sha256; run `verify` on it")
             chosen[e.name] = (d, e)
+    fingerprint, shard = check_shards(loaded)
     first = loaded[0][1] if loaded else None
     manifest = make_manifest([e for _, e in chosen.values()],
                              first.builder_version if first else "",
-                             first.dsl_version if first else "")
+                             first.dsl_version if first else "", fingerprint, shard)
     return manifest, list(chosen.values())

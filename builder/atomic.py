@@ -13,6 +13,7 @@ with its next user), `.<name>.tmp-*` (a build in progress) and `.<name>.old-*` (
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -20,6 +21,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from .errors import BuildError
@@ -28,26 +30,70 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-class DirLock:
-    """Exclusive flock on `.<name>.lock` next to the target; waits up to `timeout` seconds."""
+def fs_message(exc: OSError, target: Path) -> str:
+    """An OSError met while writing `target` (or its lock and staging siblings) as one line
+    that says what to do; the CLI prints it as `error:` (exit 1) instead of a traceback."""
+    where = exc.filename or target
+    left = f"{target} was left as it was"
+    if exc.errno == errno.ENOSPC:
+        return f"no space left on device while writing {where}; free some space; {left}"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"cannot write {where}: {exc.strerror} (the artifact directory, its parent and "
+                f"the lock and staging files beside it must be writable; a read-only or "
+                f"immutable directory cannot be built into); {left}")
+    if exc.errno == errno.ENOTDIR or (exc.errno == errno.EEXIST and Path(where).exists()
+                                      and not Path(where).is_dir()):
+        return (f"--out must be a directory path, but {target} lies below a file ({where}: "
+                f"{exc.strerror}); {left}")
+    if exc.errno == errno.EISDIR:
+        return (f"{where} must be a file, but it is a directory (the build puts its lock file "
+                f"there): remove it; {left}")
+    return f"cannot write {where}: {exc.strerror or exc}; {left}"
 
-    def __init__(self, target: Path, timeout: float) -> None:
+
+@contextlib.contextmanager
+def fs_errors(target: Path) -> Iterator[None]:
+    """Turn an OSError from the filesystem into a BuildError with fs_message."""
+    try:
+        yield
+    except OSError as exc:
+        raise BuildError(fs_message(exc, target)) from exc
+
+
+def _holder(fd: int) -> str:
+    return os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+
+
+class DirLock:
+    """Exclusive flock on `.<name>.lock` next to the target; waits up to `timeout` seconds,
+    calling `on_wait(message)` once when it has to wait (the CLI prints it: a build that waits
+    for another one said nothing for up to 300 s)."""
+
+    def __init__(self, target: Path, timeout: float,
+                 on_wait: Callable[[str], None] = lambda message: None) -> None:
         self.target = target
         self.path = target.parent / f".{target.name}.lock"
         self.timeout = timeout
+        self.on_wait = on_wait
         self.fd: int | None = None
 
     def __enter__(self) -> DirLock:  # noqa: PYI034 - Self needs Python 3.11
         self.target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout
+        waiting = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
+                if not waiting and self.timeout > 0:
+                    waiting = True
+                    self.on_wait(f"waiting for the lock {self.path}, held by pid {_holder(fd)} "
+                                 f"(another build writing {self.target}), for up to "
+                                 f"{self.timeout:g} s")
                 if time.monotonic() >= deadline:
-                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                    holder = _holder(fd)
                     os.close(fd)
                     raise BuildError(
                         f"another build is writing {self.target} (lock {self.path} held by pid "

@@ -24,6 +24,7 @@ from .errors import BuildError
 from .families import Families
 from .plan import BUILDER_VERSION, BuildItem, dsl_version
 from .runner import ItemResult, run_workers
+from .selection import Selection, check_selective, spec_fingerprint
 from .verify import verify_dir
 
 
@@ -106,28 +107,43 @@ def _install(staging: Path, target: Path, manifest: Manifest) -> None:
 def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 1,
           force: bool = False, keep_going: bool = False, lock_timeout: float = 60.0,
           on_result: Callable[[ItemResult], None] = lambda r: None,
-          on_plan: Callable[[int, int], None] = lambda todo, reused: None) -> BuildReport:
-    """Build `items` into `out`, which afterwards holds exactly these kernels."""
+          on_plan: Callable[[int, int], None] = lambda todo, reused: None,
+          selection: Selection | None = None,
+          on_lock_wait: Callable[[str], None] = lambda message: None) -> BuildReport:
+    """Build `items` into `out`, which afterwards holds exactly these kernels.
+
+    `selection` says what part of its spec `items` are (default: all of it). A selective one
+    (--only, --shard) is refused with SelectionError, before anything compiles, when `out`
+    holds kernels it does not build (builder/selection.py)."""
+    selection = selection or Selection(spec_fingerprint(items))
     target = out.resolve()
-    with _terminate_like_ctrl_c(), atomic.DirLock(target, lock_timeout):
+    with _terminate_like_ctrl_c(), atomic.fs_errors(target), \
+            atomic.DirLock(target, lock_timeout, on_lock_wait):
         atomic.recover(target)
         atomic.check_replaceable(target, MANIFEST_NAME)
-        old, note = artifacts.read_existing(target)
-        notes = [note] if note else []
+        existing = artifacts.read_existing(target)
+        check_selective(selection, target, existing.names, (target / MANIFEST_NAME).exists(),
+                        [it.name for it in items])
+        old, notes = existing.manifest, list(existing.notes)
         reuse = {} if force else artifacts.reusable(old, target)
         entries: dict[str, KernelEntry] = {}
         rows: dict[str, Row] = {}
         todo = []
         for it in items:
-            if it.key in reuse:
+            why = artifacts.derived_mismatch(it, reuse[it.key]) if it.key in reuse else None
+            if it.key in reuse and why is None:
                 entries[it.name] = e = artifacts.reused_entry(it, reuse[it.key])
                 rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
                                     e.dynamic_smem, None, "reused")
-            else:
-                todo.append(it)
+                continue
+            if why:
+                notes.append(f"the existing entry for {it.name} cannot be reused ({why}); "
+                             "recompiling it")
+            todo.append(it)
         on_plan(len(todo), len(items) - len(todo))
-        manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version())
-        if not todo and old is not None:
+        manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version(),
+                                           selection.spec_fingerprint, selection.shard)
+        if not todo and old is not None and not existing.notes:
             current = (target / MANIFEST_NAME).read_text()
             if artifacts.manifest_text(manifest, str(target)) == current \
                     and not verify_dir(target):
@@ -154,7 +170,8 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
                                         e.dynamic_smem, r.compile_seconds, "compiled")
                 shutil.rmtree(work)
             manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION,
-                                               dsl_version())
+                                               dsl_version(), selection.spec_fingerprint,
+                                               selection.shard)
             _install(staging, target, manifest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -162,11 +179,13 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
     return BuildReport([rows[it.name] for it in items], changed=True, notes=notes)
 
 
-def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0) -> Manifest:
+def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0,
+          on_lock_wait: Callable[[str], None] = lambda message: None) -> Manifest:
     """Combine shard directories into `out` (atomically, like a build)."""
     manifest, sources = artifacts.merge_manifests(dirs)
     target = out.resolve()
-    with _terminate_like_ctrl_c(), atomic.DirLock(target, lock_timeout):
+    with _terminate_like_ctrl_c(), atomic.fs_errors(target), \
+            atomic.DirLock(target, lock_timeout, on_lock_wait):
         atomic.recover(target)
         atomic.check_replaceable(target, MANIFEST_NAME)
         staging = atomic.staging_dir(target)

@@ -21,6 +21,7 @@ from typing import Any
 
 from .families import ENV_FAMILIES, Families
 from .plan import REPO_ROOT, BuildItem
+from .worker import EXIT_NO_SPACE
 
 STDERR_TAIL = 2000  # characters of a crashed worker's stderr quoted in its items' errors
 
@@ -163,11 +164,15 @@ def run_workers(items: list[BuildItem], work: Path, families: Families, jobs: in
                     results[it.name] = ItemResult(it, ok=False, skipped=True)
                     continue
                 # The worker died (crash, out of memory, killed) before reporting this item.
-                res = ItemResult(it, ok=False, error={
-                    "type": "WorkerExit",
-                    "message": f"the {it.arch} worker exited with code {payload} before "
-                               "reporting this kernel",
-                    "traceback": w.stderr_tail()})
+                if payload == EXIT_NO_SPACE:
+                    error = {"type": "NoSpace", "traceback": "",
+                             "message": f"no space left on device: the {it.arch} worker could "
+                                        f"not write its results under {work}"}
+                else:
+                    error = {"type": "WorkerExit", "traceback": w.stderr_tail(),
+                             "message": f"the {it.arch} worker exited with code {payload} "
+                                        "before reporting this kernel"}
+                res = ItemResult(it, ok=False, error=error)
                 results[it.name] = res
                 on_result(res)
                 if not keep_going:

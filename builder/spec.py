@@ -60,6 +60,17 @@ DEFAULT_OUT_DTYPES = ("bfloat16", "float16")
 DYNAMIC = "dynamic"  # the one value of a set's `m` key
 # C is indexed with 32-bit offsets in the kernels: every group needs m * n < 2^31.
 MN_LIMIT = 2**31
+# The problem-size device table holds int32 (m, n, k): every stored value must be < 2^31, or
+# the first call would die in the runtime's planner (issue 28).
+TABLE_LIMIT = 2**31
+# The cubin file is "<set>.<arch>.acc<n>.<out>.<key12>.cubin" and must fit a 255-byte file
+# name; 128 leaves room for every suffix (the longest is 38 bytes) and the staging prefixes.
+MAX_SET_NAME = 128
+# Sane caps, far above any real use (shapes.yaml: 9 KB, 18 sets, at most 40 groups): a spec
+# past them is a generated mistake, and parsing and planning it would take minutes.
+MAX_SPEC_BYTES = 1 << 20
+MAX_SETS = 1024
+MAX_GROUPS = 1024
 
 
 @dataclass(frozen=True)
@@ -106,12 +117,20 @@ class _DuplicateKey(yaml.MarkedYAMLError):
     pass
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects a key written twice in one mapping: PyYAML keeps the last one
+class _PyLoader(yaml.SafeLoader):
+    """A safe loader that rejects a key written twice in one mapping: PyYAML keeps the last one
     silently, so a second `groups:` would quietly replace the first."""
 
 
-def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any]:
+# libyaml's C parser when PyYAML has it: the pure-Python one took 72 s and 1 GB for a 5 MB
+# spec (issue 28). The same duplicate-key constructor is installed on both. A file the C parser
+# rejects is parsed again by the Python one, whose messages are clearer ("expected ',' or ']',
+# but got '-'" where libyaml says "did not find expected ',' or ']'").
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """The fast loader, with the same duplicate-key check."""
+
+
+def _construct_mapping(loader: Any, node: yaml.MappingNode) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     seen: dict[Any, yaml.Mark] = {}
     for key_node, _ in node.value:
@@ -127,12 +146,20 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> dict[Any, Any
     return loader.construct_mapping(node, deep=True)
 
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _cls in (_PyLoader, _Loader):
+    _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def read_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)
+        try:
+            return yaml.load(text, Loader=_Loader)
+        except _DuplicateKey:
+            raise
+        except yaml.YAMLError:
+            if _Loader.__mro__[1] is yaml.SafeLoader:
+                raise
+            return yaml.load(text, Loader=_PyLoader)  # raises again, with clearer messages
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
@@ -146,6 +173,10 @@ def load_spec(path: str | Path, families: Families) -> ShapeSpec:
     """Read and validate a shapes.yaml file."""
     source = str(path)
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_SPEC_BYTES:
+            raise SpecError(f"{source}: the spec file must be at most {MAX_SPEC_BYTES} bytes, "
+                            f"but it has {size}")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{source}: cannot read the spec file: {exc}") from exc
@@ -177,10 +208,24 @@ def _an(typ: type) -> str:
     return f"an {name}" if name[0] in "aeiou" else f"a {name}"
 
 
+def _options_where(set_path: str, arch: str, own_opts: dict[str, dict[str, Any]],
+                   def_opts: dict[str, dict[str, Any]]) -> str:
+    """Where a set's merged options for `arch` came from, naming the keys it inherited from
+    `defaults` (a rule broken by an inherited key was blamed on the set alone: issue 28)."""
+    inherited = sorted(set(def_opts.get(arch, {})) - set(own_opts.get(arch, {})))
+    if arch in own_opts:
+        return f"{set_path}.options.{arch}" + (
+            f" (with {', '.join(inherited)} from defaults.options.{arch})" if inherited else "")
+    if arch in def_opts:
+        return f"{set_path}.options (from defaults.options.{arch})"
+    return set_path
+
+
 class _Checker:
     def __init__(self, source: str, families: Families) -> None:
         self.source = source
         self.families = families
+        self.def_opts: dict[str, dict[str, Any]] = {}  # defaults.options, once parsed
 
     def fail(self, path: str, msg: str) -> SpecError:
         return SpecError(f"{self.source}: {path}: {msg}" if path else f"{self.source}: {msg}")
@@ -296,7 +341,11 @@ class _Checker:
         """(m, n, k) per group, or (n, k) per group for a set with `m: dynamic`."""
         dims = ("n", "k") if dynamic else ("m", "n", "k")
         out = []
-        for g, group in enumerate(self.listed(value, path, "groups")):
+        listed = self.listed(value, path, "groups")
+        if len(listed) > MAX_GROUPS:
+            raise self.fail(path, f"a set must have at most {MAX_GROUPS} groups, but got "
+                                  f"{len(listed)}")
+        for g, group in enumerate(listed):
             gpath = f"{path}[{g}]"
             if not isinstance(group, list) or len(group) != len(dims):
                 if dynamic:
@@ -311,6 +360,10 @@ class _Checker:
             for i, (dim, v) in enumerate(zip(dims, values)):
                 if v <= 0:
                     raise self.fail(f"{gpath}[{i}]", f"{dim} must be > 0, but got {v}")
+                if v >= TABLE_LIMIT:
+                    raise self.fail(f"{gpath}[{i}]",
+                                    f"{dim} must be < 2^31 (the runtime's problem-size table "
+                                    f"holds int32), but got {v}")
             at = dict(zip(dims, range(len(dims))))
             n, k = values[at["n"]], values[at["k"]]
             for arch in archs:
@@ -367,8 +420,7 @@ class _Checker:
             check_groups = getattr(family.config, "check_groups", None)
             if check_groups is None:
                 continue
-            where = (f"{path}.options.{build.arch}" if build.arch in own_opts
-                     else f"{path}.options (from defaults.options.{build.arch})")
+            where = _options_where(path, build.arch, own_opts, self.def_opts)
             for s in build.acc_stages:
                 reasons = check_groups(family.make_config(s, build.options_dict()), ks)
                 if reasons:
@@ -410,9 +462,7 @@ class _Checker:
                             f"{list(supported)}); give stages per arch, e.g. "
                             f"acc_stages: {{{example}}}")
             options = {**def_opts.get(arch, {}), **own_opts.get(arch, {})}
-            where = (f"{set_path}.options.{arch}" if arch in own_opts
-                     else f"{set_path}.options (from defaults.options.{arch})"
-                     if arch in def_opts else set_path)
+            where = _options_where(set_path, arch, own_opts, def_opts)
             for s in stages:
                 reasons = family.config.check(family.make_config(s, options))
                 if reasons:
@@ -444,21 +494,31 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
     d_acc = (c.acc_stages(d["acc_stages"], "defaults.acc_stages"), False) \
         if "acc_stages" in d else None
     d_opts = c.options(d["options"], "defaults.options") if "options" in d else {}
+    c.def_opts = d_opts
     d_dtypes = (c.out_dtypes(d["out_dtypes"], "defaults.out_dtypes") if "out_dtypes" in d
                 else DEFAULT_OUT_DTYPES)
 
     sets: list[SetSpec] = []
     where_named: dict[str, str] = {}
-    for i, raw in enumerate(c.listed(top["sets"], "sets", "sets")):
+    raw_sets = c.listed(top["sets"], "sets", "sets")
+    if len(raw_sets) > MAX_SETS:
+        raise c.fail("sets", f"the file must have at most {MAX_SETS} sets, but got "
+                             f"{len(raw_sets)}")
+    for i, raw in enumerate(raw_sets):
         at = f"sets[{i}]"
         name = raw.get("name") if isinstance(raw, dict) else None
         # Name the set in every message once its name is known to be usable.
-        named = isinstance(name, str) and SET_NAME_RE.match(name) and name not in where_named
+        named = (isinstance(name, str) and SET_NAME_RE.match(name) and len(name) <= MAX_SET_NAME
+                 and name not in where_named)
         path = f"sets[{name}]" if named else at
         s = c.mapping(raw, path, "a set", SET_KEYS, required=("name", "groups"))
         if not isinstance(name, str) or not SET_NAME_RE.match(name):
             raise c.fail(f"{at}.name", "set name must match [A-Za-z0-9_-]+, but got "
                                        f"{_got(name)}")
+        if len(name) > MAX_SET_NAME:
+            raise c.fail(f"{at}.name", f"set name must be at most {MAX_SET_NAME} characters (it "
+                                       "goes into the cubin's file name), but got "
+                                       f"{len(name)}: {name[:40]}...")
         if name in where_named:
             raise c.fail(f"{at}.name", f"set name {name!r} is already used by "
                                        f"{where_named[name]}")

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 from runtime.errors import ArtifactError, ManifestError
-from runtime.loader import check_param_layout, cubin_param_layout
+from runtime.loader import check_param_layout, cubin_param_layout, cubin_path
 from runtime.manifest import MANIFEST_NAME, kernel_name, load_manifest, pack_offsets
 
 from .elf import check_cubin_arch
@@ -34,7 +34,11 @@ def verify_dir(directory: Path) -> list[str]:
         if got != want:
             problems.append(f"{e.name}: parameter offsets must be {want} for the recorded sizes "
                             f"and alignments, but got {got}")
-        path = directory / e.cubin
+        try:
+            path = cubin_path(directory, e)
+        except ArtifactError as exc:
+            problems.append(f"{e.name}: {exc}")
+            continue
         if not path.is_file():
             problems.append(f"{e.name}: cubin {e.cubin} is missing")
             continue

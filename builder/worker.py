@@ -15,6 +15,7 @@ Everything else the compiler prints goes to stderr, so it cannot corrupt that ch
 from __future__ import annotations
 
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -33,6 +34,9 @@ from .plan import BuildItem
 from .ptx import check_abi
 
 TRACEBACK_LINES = 20
+# Exit status of a worker that could not write its results for lack of space (ENOSPC's
+# number): the runner reports "no space left on device", not a crash.
+EXIT_NO_SPACE = errno.ENOSPC
 _PR_SET_PDEATHSIG = 1
 
 
@@ -113,6 +117,11 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
         cubin.write_bytes(ck.cubin)
         result.update(ok=True, compile_seconds=round(seconds, 3), cubin=cubin.name,
                       sha256=sha256, cubin_bytes=len(ck.cubin), kernel=kernel)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        result.update(ok=False, error={"type": "NoSpace", "message": "no space left on device "
+                                       f"while writing {exc.filename or out_dir}", "traceback": ""})
     except Exception as exc:  # noqa: BLE001 - recorded per item; the others still build
         tail = traceback.format_exc().strip().splitlines()[-TRACEBACK_LINES:]
         result.update(ok=False, error={"type": type(exc).__name__, "message": str(exc),
@@ -178,8 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(2, 1)
     try:
         return run_job(job, proto)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        print(f"no space left on device while writing {exc.filename}", file=sys.stderr)
+        return EXIT_NO_SPACE
     finally:
-        proto.close()
+        try:
+            proto.close()
+        except OSError:
+            pass
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 from .errors import (
     ArtifactError,
     CudaError,
+    DeviceError,
     InputError,
     ManifestError,
     NoKernelError,
@@ -28,6 +29,7 @@ __all__ = [
     "ArtifactError",
     "BoundGemm",
     "CudaError",
+    "DeviceError",
     "GroupedGemm",
     "InputError",
     "ManifestError",

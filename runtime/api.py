@@ -26,7 +26,7 @@ import torch
 
 from .bound import BoundGemm
 from .dispatch import KernelIndex
-from .errors import InputError, NoKernelError
+from .errors import DeviceError, InputError, NoKernelError
 from .loader import ArtifactStore
 from .manifest import KernelEntry
 from .validate import (OUT_TORCH_DTYPES, check_alpha, check_constraints, check_inputs,
@@ -51,14 +51,26 @@ def load(artifact_dir: str | Path | None = None) -> GroupedGemm:
 
 
 def _ordinal(device: Any) -> int:
+    """The CUDA device ordinal of `device` (None: the current device); DeviceError when this
+    machine has no such device (torch would raise a bare AssertionError or RuntimeError)."""
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device must be a CUDA device, but this machine has none (torch "
+                          f"{torch.__version__} sees no GPU; asked for {device!r}); select, "
+                          "preload and launches need a GPU")
     if device is None:
         return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError(f"device must be a CUDA device, but got {dev}")
-    return torch.cuda.current_device() if dev.index is None else dev.index
+    if isinstance(device, int) and not isinstance(device, bool):
+        ordinal = device
+    else:
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise InputError(f"device must be a CUDA device, but got {dev}")
+        ordinal = torch.cuda.current_device() if dev.index is None else dev.index
+    count = torch.cuda.device_count()
+    if not 0 <= ordinal < count:
+        raise DeviceError(f"device must be a CUDA device ordinal in 0..{count - 1}, but got "
+                          f"{device!r}")
+    return ordinal
 
 
 def tensor_guard_type() -> Any:

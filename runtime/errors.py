@@ -19,6 +19,10 @@ class NoKernelError(Nvfp4Error):
     """No built kernel serves the requested problem shapes on this device."""
 
 
+class DeviceError(Nvfp4Error):
+    """No usable CUDA device: none visible, or the one asked for does not exist."""
+
+
 class InputError(Nvfp4Error, ValueError):
     """An argument of a runtime call is invalid (dtype, device, shape, layout, alignment)."""
 

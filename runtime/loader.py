@@ -173,6 +173,20 @@ def cubin_param_layout(image: bytes, symbol: str) -> list[tuple[int, int]] | Non
     return [params[i] for i in range(len(params))]
 
 
+def cubin_path(directory: Path, entry: KernelEntry) -> Path:
+    """`directory / entry.cubin`, or ArtifactError when it resolves outside the directory (a
+    symlinked cubin or cubins/): an artifact directory must be self-contained, since verify,
+    package and swap-in treat it as one unit (issue 28)."""
+    path = directory / entry.cubin
+    root, real = directory.resolve(), path.resolve()
+    if not real.is_relative_to(root):
+        raise ArtifactError(
+            f"cubin {path} of kernel {entry.name!r} must be inside the artifact directory "
+            f"{root}, but it resolves to {real} (a symlink out of it); copy the file in or "
+            "rebuild the artifacts")
+    return path
+
+
 def check_device(entry: KernelEntry, capability: tuple[int, int], label: str) -> None:
     """ArtifactError unless `entry` (by its manifest arch) runs on a device of `capability`.
 
@@ -312,7 +326,7 @@ class ArtifactStore:
 
     def read_cubin(self, entry: KernelEntry) -> bytes:
         """The cubin's bytes after checking presence, size, sha256 and ELF arch."""
-        path = self.dir / entry.cubin
+        path = cubin_path(self.dir, entry)
         if not path.is_file():
             raise ArtifactError(
                 f"cubin of kernel {entry.name!r} is missing: {path}; rebuild the artifacts with "

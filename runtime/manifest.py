@@ -127,6 +127,10 @@ class Manifest:
     builder_version: str
     dsl_version: str
     kernels: tuple[KernelEntry, ...]
+    # What the build was part of, for `merge` (issue 28): a hash of the whole spec's kernel
+    # names and keys ("" in manifests older than it), and (i, n) for a `--shard i/n` build.
+    spec_fingerprint: str = ""
+    shard: tuple[int, int] | None = None
 
     def to_json(self) -> str:
         """Deterministic JSON: the same build gives byte-identical manifests."""
@@ -307,21 +311,34 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
         _parse_kernel(_Reader(k, f"{source}.kernels[{i}]"))
         for i, k in enumerate(r.get("kernels", list))
     )
+    from .entry_rules import check_entry  # imports dispatch and plan, which import this
+
+    for k in kernels:
+        check_entry(k)
     names = [k.name for k in kernels]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ManifestError(f"{source}: kernel names must be unique, but {dupes} repeat")
+    shard = r.ints("shard", 2) if r.obj.get("shard") is not None else None
+    if shard is not None and not 0 <= shard[0] < shard[1]:
+        raise ManifestError(f"{source}.shard must be [i, n] with 0 <= i < n, but got "
+                            f"{list(shard)}")
     return Manifest(
         schema_version=version,
         builder_version=r.get("builder_version", str),
         dsl_version=r.get("dsl_version", str),
         kernels=kernels,
+        spec_fingerprint=r.get("spec_fingerprint", str, optional=True) or "",
+        shard=shard,  # type: ignore[arg-type]
     )
 
 
 def load_manifest(artifact_dir: str | Path) -> Manifest:
     """Read and validate `<artifact_dir>/manifest.json` (cubins are checked by the loader)."""
     path = Path(artifact_dir) / MANIFEST_NAME
+    if path.exists() and not path.is_file():
+        raise ManifestError(f"{path} is not a file (it is a directory or a special file); "
+                            "it must be the manifest.json a build wrote")
     if not path.is_file():
         raise ManifestError(
             f"no manifest at {path}; build one with `python build_kernels.py build` "
@@ -331,4 +348,6 @@ def load_manifest(artifact_dir: str | Path) -> Manifest:
         obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return parse_manifest(obj, str(path))

@@ -26,11 +26,12 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ArtifactError, ManifestError
+from .errors import ArtifactError, InputError, ManifestError
 from .manifest import KernelEntry
 
 Shape = tuple[int, int, int]
 _INT_FORMATS = {"int32": "i", "int64": "q"}
+_FORMAT_LIMITS = {"i": 2**31, "q": 2**63}  # exclusive upper bound of a table cell
 # Sub-table alignment inside the combined (problem_sizes, cta_prefix) device buffer; matches
 # the tensormap workspace alignment and covers any vector load a kernel may use.
 TABLE_ALIGN = 128
@@ -239,6 +240,9 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         values = [v for m, n, k in shapes for v in (m, n, k, 1)]
     else:
         values = [(m, n, k, 1)[i] for m, n, k in shapes for i in idx]
+    if values and (max(values) >= _FORMAT_LIMITS[lay.size_format] or min(values) < 0) \
+            or total >= _FORMAT_LIMITS[lay.prefix_format]:
+        _check_cells(entry, shapes, lay.size_format, lay.prefix_format, total)
     sizes = struct.pack(f"<{len(values)}{lay.size_format}", *values)
     prefix_bytes = struct.pack(f"<{len(prefix)}{lay.prefix_format}", *prefix)
     # The alpha of a call that gives none (runtime/device.py).
@@ -259,6 +263,22 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
         pointer_columns=lay.pointer_columns,
         pointer_format=lay.pointer_format,
     )
+
+
+def _check_cells(entry: KernelEntry, shapes: Sequence[Shape], size_format: str,
+                 prefix_format: str, total_tiles: int) -> None:
+    """InputError unless every problem size and the tile count fit their table cells (a raw
+    struct.error from the packing said nothing about which argument was too large)."""
+    limit = _FORMAT_LIMITS[size_format]
+    for g, shape in enumerate(shapes):
+        for dim, v in zip("mnk", shape):
+            if not 0 <= v < limit:
+                raise InputError(
+                    f"group {g}: {dim} must be in 0..{limit - 1} (kernel {entry.name!r} stores "
+                    f"problem sizes as {'int32' if size_format == 'i' else 'int64'}), but got {v}")
+    if total_tiles >= _FORMAT_LIMITS[prefix_format]:
+        raise InputError(f"the call's output tiles must number < {_FORMAT_LIMITS[prefix_format]} "
+                         f"(kernel {entry.name!r}'s cta_prefix table), but got {total_tiles}")
 
 
 def _pointer_format(entry: KernelEntry) -> str:

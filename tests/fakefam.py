@@ -11,6 +11,7 @@ Config knob `fail` (a test hook, reachable from shapes.yaml options):
     4 return a cubin for the other arch                5 return the cubin as a path string
     6 write the worker's pid to $FAKE_COMPILE_LOG.pid and hang
     7 record a parameter of a kind the manifest schema does not know
+    8 the disk fills up: every later Path.write_bytes / write_text in the worker fails (ENOSPC)
 Every compile appends "<family> <arch> acc<n> <groups>" to $FAKE_COMPILE_LOG, so tests can count
 compiles that happened in worker subprocesses.
 """
@@ -72,6 +73,15 @@ def fail_early(config):
         with open(os.environ["FAKE_COMPILE_LOG"] + ".pid", "w") as f:
             f.write(str(os.getpid()))
         time.sleep(120)
+    if config.fail == 8:
+        import errno
+        import pathlib
+
+        def full(path, *args, **kwargs):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+        pathlib.Path.write_bytes = full
+        pathlib.Path.write_text = full
 
 
 def fake_elf(arch, symbol, payload):

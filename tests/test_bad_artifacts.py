@@ -169,10 +169,12 @@ def test_directory_without_manifest(art: Path) -> None:
 
 
 def test_manifest_is_a_directory(tmp_path: Path) -> None:
+    """Issue 28 (7): a directory in manifest.json's place is not reported as missing."""
     (tmp_path / MANIFEST_NAME).mkdir()
     with pytest.raises(ManifestError) as info:
         runtime.load(tmp_path)
-    assert str(info.value) == _no_manifest(tmp_path)
+    assert str(info.value) == (f"{tmp_path / MANIFEST_NAME} is not a file (it is a directory or "
+                               "a special file); it must be the manifest.json a build wrote")
 
 
 @pytest.mark.parametrize("data,reason", [

@@ -297,6 +297,8 @@ def test_second_build_refused_after_lock_timeout(hooked: Fake, tmp_path: Path,
     waited = time.monotonic() - t0
     assert second.returncode == 1
     assert second.stderr == (
+        f"note: waiting for the lock {tmp_path / '.artifacts.lock'}, held by pid {first.pid} "
+        f"(another build writing {out}), for up to 0.5 s\n"
         f"error: another build is writing {out} (lock {tmp_path / '.artifacts.lock'} held by "
         f"pid {first.pid}); waited 0.5 s. Wait for it to finish, or raise --lock-timeout\n")
     assert waited >= 0.5

@@ -1,0 +1,197 @@
+"""Issue 28: one check of the launch data for load, verify, package and the builder's reuse;
+self-contained artifact directories; the planner and device errors are the runtime's own.
+
+Artifacts come from the fake family build (tests/fakefam.py): real worker subprocesses,
+synthetic cubins, a directory that verifies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import Fake
+from test_build_pipeline import cli, run
+from test_runtime_cpu import entry
+
+import runtime
+from builder.package import PackageError, build_wheel
+from builder.verify import verify_dir
+from runtime.errors import ArtifactError, DeviceError, InputError, ManifestError
+from runtime.loader import ArtifactStore
+from runtime.manifest import MANIFEST_NAME, load_manifest
+from runtime.plan import make_plan
+
+SPEC = """\
+schema_version: 1
+defaults:
+  archs: [sm_90a]
+  acc_stages: [1]
+  out_dtypes: [float16]
+sets:
+  - name: dense
+    groups: [[192, 3072, 4096]]
+  - name: mixed
+    groups: [[96, 1024, 512], [40, 2048, 768]]
+  - name: anym
+    m: dynamic
+    groups: [[1024, 512]]
+"""
+DENSE = "dense.sm_90a.acc1.f16"
+
+# (field, corrupt value, what the error names): each parses as JSON types but cannot launch.
+CORRUPT = [
+    ("dynamic_smem", 10**9, "dynamic_smem must be in 0..232448"),
+    ("block", [2048, 1, 1], "block must be (x, y, z)"),
+    ("tile", {"m": 0, "n": 128, "k": 256}, "tile.m must be a positive int"),
+    ("constraints", {"groups": [[192, 3072]]}, "constraints.groups[0] must be a list of 3 ints"),
+    ("constraints", {"groups": [[192, 3072, 2**31]]}, "constraints.groups[0] must be m, n, k"),
+]
+
+
+def _edit(art: Path, name: str, **fields: Any) -> None:
+    path = art / MANIFEST_NAME
+    obj = json.loads(path.read_text())
+    for k in obj["kernels"]:
+        if k["name"] == name:
+            k.update(fields)
+    path.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.fixture
+def art(fake: Fake, tmp_path: Path) -> Path:
+    out = tmp_path / "artifacts"
+    run(fake, out, SPEC)
+    return out
+
+
+# ------------------------------------------------------------------ case 3: verify == load
+
+
+@pytest.mark.parametrize("field,value,message", CORRUPT, ids=[c[2][:24] for c in CORRUPT])
+def test_verify_package_and_load_refuse_the_same_launch_data(
+        art: Path, tmp_path: Path, field: str, value: Any, message: str) -> None:
+    _edit(art, DENSE, **{field: value})
+    with pytest.raises(ManifestError, match=re.escape(message)):
+        runtime.load(art)
+    problems = verify_dir(art)
+    assert len(problems) == 1 and message in problems[0], problems
+    with pytest.raises(PackageError, match="does not verify"):
+        build_wheel(art, tmp_path / "dist")
+
+
+# ------------------------------------------------------------------ case 2: no copy-forward
+
+
+@pytest.mark.parametrize("field,value,message", CORRUPT, ids=[c[2][:24] for c in CORRUPT])
+def test_rebuild_recompiles_an_entry_with_corrupt_launch_data(
+        fake: Fake, art: Path, field: str, value: Any, message: str) -> None:
+    good = load_manifest(art).kernel(DENSE)
+    _edit(art, DENSE, **{field: value})
+    before = len(fake.compiles())
+    report = run(fake, art, SPEC)
+    assert report.changed
+    assert len(fake.compiles()) == before + 1  # only the damaged kernel
+    assert any(DENSE in n and message in n for n in report.notes), report.notes
+    assert load_manifest(art).kernel(DENSE) == good
+    assert verify_dir(art) == []
+    runtime.load(art)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("constraints", {"groups": [[200, 3072, 4096]], "k_multiple": 256}),  # valid, not the spec's
+    ("constraints", {"dynamic_m": {"groups": [[3072, 4096]], "max_m": None}}),
+    ("options", {"tile_m": 64}),
+    ("out_dtype", "bfloat16"),
+])
+def test_rebuild_rederives_what_the_spec_fixes(fake: Fake, art: Path, field: str,
+                                               value: Any) -> None:
+    good = load_manifest(art).kernel(DENSE)
+    _edit(art, DENSE, **{field: value})
+    runtime.load(art)  # still a valid manifest: only the spec can tell it is wrong
+    before = len(fake.compiles())
+    report = run(fake, art, SPEC)
+    assert len(fake.compiles()) == before + 1
+    assert any(f"{DENSE} cannot be reused ({field}" in n for n in report.notes), report.notes
+    assert load_manifest(art).kernel(DENSE) == good
+
+
+# ------------------------------------------------------------------ case 4: list / inspect
+
+
+@pytest.mark.parametrize("command", [["list"], ["inspect", "dense"]])
+def test_list_and_inspect_on_a_malformed_manifest_print_an_error(
+        fake: Fake, art: Path, command: list[str]) -> None:
+    _edit(art, DENSE, constraints={"groups": [[192]]})
+    args = [*command, str(art)] if command == ["list"] else [*command, "--artifacts", str(art)]
+    r = cli(fake, *args)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+    assert "constraints.groups[0] must be a list of 3 ints" in r.stderr
+
+
+# ------------------------------------------------------------------ case 4: no GPU
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+@pytest.mark.parametrize("call", ["select", "preload"])
+def test_select_and_preload_without_a_gpu_raise_device_error(art: Path, call: str) -> None:
+    gg = runtime.load(art)
+    with pytest.raises(DeviceError, match="must be a CUDA device, but this machine has none"):
+        if call == "select":
+            gg.select([(192, 3072, 4096)])
+        else:
+            gg.preload()
+
+
+# ------------------------------------------------------------------ case 5: the planner
+
+
+@pytest.mark.parametrize("shapes,message", [
+    ([(192, 3072, 2**31)], "group 0: k must be in 0..2147483647"),
+    ([(1, 2**31, 4096)], "group 0: n must be in 0..2147483647"),
+])
+def test_make_plan_raises_input_error_for_values_its_tables_cannot_hold(
+        shapes: list, message: str) -> None:
+    e, _ = entry()
+    with pytest.raises(InputError, match=message):
+        make_plan(e, shapes, 132)
+    try:
+        make_plan(e, shapes, 132)
+    except InputError as exc:
+        assert not isinstance(exc.__context__, struct.error)
+
+
+# ------------------------------------------------------------------ case 6: self-contained
+
+
+def _outside_copy(art: Path, tmp_path: Path, rel: str) -> Path:
+    outside = tmp_path / "elsewhere" / Path(rel).name
+    outside.parent.mkdir(exist_ok=True)
+    shutil.move(art / rel, outside)
+    return outside
+
+
+def test_a_cubin_symlinked_out_of_the_directory_is_refused(art: Path, tmp_path: Path) -> None:
+    e = load_manifest(art).kernel(DENSE)
+    os.symlink(_outside_copy(art, tmp_path, e.cubin), art / e.cubin)
+    problems = verify_dir(art)
+    assert any("must be inside the artifact directory" in p for p in problems), problems
+    with pytest.raises(ArtifactError, match="a symlink out of it"):
+        ArtifactStore(art).read_cubin(e)
+
+
+def test_a_cubins_directory_symlinked_out_is_refused(art: Path, tmp_path: Path) -> None:
+    e = load_manifest(art).kernel(DENSE)
+    os.symlink(_outside_copy(art, tmp_path, "cubins"), art / "cubins")
+    assert len([p for p in verify_dir(art) if "must be inside" in p]) == 3
+    with pytest.raises(ArtifactError, match="a symlink out of it"):
+        ArtifactStore(art).read_cubin(dataclasses.replace(e))
