@@ -113,7 +113,6 @@ _CONSUMER_TILES = '''        prev_slot = Int32(0)
 # async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one,
 # nor meet the consumers at the first hand-over (no consumer comes).
 _STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
-        group = Int32(0)
         tile = bidx
 '''
 _STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
@@ -201,10 +200,12 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     # global stores.
     "nostore": [
         (STAGED, '''                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
+                                 self._c_scale(group))
 ''', '''                if acc[0] == Float32(1.2345):  # never: keeps the accumulator live
                     self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                     tile_m_idx * self.tile_m, tile_n_idx * self.tile_n)
+                                     tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
+                                     self._c_scale(group))
 '''),
         (STAGED, "                if row0 + r < m and col0 + c8 < n:\n",
          "                if row0 + r < 0:\n"),
