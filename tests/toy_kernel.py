@@ -162,7 +162,7 @@ def build(out_dir: str) -> Path:
         "cluster": [1, 1, 1], "dynamic_smem": 0, "sm_count": None,
         "grid": {"policy": "persistent", "ctas_per_sm": 1},
         "tile": {"m": TILE, "n": TILE, "k": 256}, "constraints": constraints,
-        "tables": tables.tables_record(1), "params": toy.abi.params(),
+        "tables": tables.tables_record(1), "params": toy.abi.params(), "out_dtype": "float16",
     } for name, constraints in SETS.items()]
     manifest = {"schema_version": SCHEMA_VERSION, "builder_version": "toy",
                 "dsl_version": cutlass.__version__ if hasattr(cutlass, "__version__") else "",
