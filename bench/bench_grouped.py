@@ -53,7 +53,7 @@ SETS = {
     "bench_large": [(1024, 4096, 7168)] * 8,
 }
 BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
-# Diagnostic twins, timed only when named in --sets (bench/tile_start_ab.yaml builds them):
+# Diagnostic twins, timed only when named in --sets (experiments/tile_start_ab.yaml builds them):
 # moe_down's groups and FLOPs as one 128-step tile per CTA instead of four of 32 steps, so that
 # the difference is what a tile start costs (bench/RESULTS.md, 2026-11-30, tenth session).
 DIAG_SETS = {

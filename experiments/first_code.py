@@ -12,8 +12,8 @@ Three modes per size: `fresh` loads a new copy of the module before each launch 
 addresses: nothing cached anywhere) and flushes L2 with a 256 MiB fill; `flush` relaunches the
 same module after the fill; `repeat` relaunches it back to back.
 
-    python bench/first_code.py build --out .first_code             # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/first_code.py run --dir .first_code  # GPU machine, no cutlass
+    python experiments/first_code.py build --out .first_code             # CPU machine, nvidia-cutlass-dsl
+    PYTHONPATH=. python experiments/first_code.py run --dir .first_code  # GPU machine, no cutlass
 """
 
 
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # experiments/, the script's directory
 
 CTAS, THREADS = 132, 128
 ACCUMULATORS = 8

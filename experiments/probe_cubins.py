@@ -1,4 +1,4 @@
-"""The cubin directory of a start-up probe (bench/first_load.py, bench/first_code.py): one
+"""The cubin directory of a start-up probe (experiments/first_load.py, first_code.py, smem_mma.py): one
 kernel per size, built on a CPU machine with the DSL, run on the GPU machine without it.
 
 The directory holds `<prefix>_<size>.cubin` per size and index.json mapping each size to its

@@ -14,8 +14,8 @@ integer ops on the loads (the conversion's ALU work) and meet at a named barrier
 consumers (the step's hand-over of B). Thread 0 stamps %clock64 around the loop; the MMA time of
 a step is W * 4 * N / 2 cycles (4096 dense FLOP per cycle per SM).
 
-    python bench/smem_mma.py build --out .smem_mma              # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/smem_mma.py run --dir .smem_mma   # GPU machine, no cutlass
+    python experiments/smem_mma.py build --out .smem_mma              # CPU machine, nvidia-cutlass-dsl
+    PYTHONPATH=. python experiments/smem_mma.py run --dir .smem_mma   # GPU machine, no cutlass
 """
 
 import os
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # experiments/, the script's directory
 
 CTAS = 132
 STEPS = 256

@@ -8,8 +8,8 @@ from one L2-warm buffer), wait for all of them, and after a CTA barrier thread 0
 %clock64 and %globaltimer. It prints, per size and mode, medians over launches of the median
 and the slowest CTA's start-to-data time.
 
-    python bench/first_load.py build --out .first_load        # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/first_load.py run --dir .first_load   # GPU machine, no cutlass
+    python experiments/first_load.py build --out .first_load        # CPU machine, nvidia-cutlass-dsl
+    PYTHONPATH=. python experiments/first_load.py run --dir .first_load   # GPU machine, no cutlass
 """
 
 
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # experiments/, the script's directory
 
 CTAS, THREADS = 132, 128
 # 16-byte loads per thread: 4 KiB, 50 KiB (about one weight stage plus one A slot per CTA, as
