@@ -1,6 +1,8 @@
 """Build a start-up probe of experiments/ (first_load.py, first_code.py, smem_mma.py) in a
 subprocess and read each kernel's SASS, for the tests that check what those kernels time.
-NEEDS_DSL marks those tests: `dsl` (deselected by -m "not dsl") and skipped without the DSL."""
+NEEDS_DSL marks those tests: `dsl` (deselected by -m "not dsl") and skipped without the DSL.
+No conftest here: a second conftest module would shadow tests/conftest.py for the tests that
+import from it when both directories run in one pytest call."""
 
 from __future__ import annotations
 

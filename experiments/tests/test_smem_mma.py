@@ -5,10 +5,13 @@ barrier when asked for."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from probe_sass import NEEDS_DSL, probe_sass
-from smem_mma import VARIANTS  # experiments/, on sys.path through conftest.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/
+from smem_mma import VARIANTS  # noqa: E402
 
 pytestmark = NEEDS_DSL
 
