@@ -8,15 +8,16 @@ An artifact directory may carry a call variant after '#': `bf16` or `f16` (the o
 default f16) and `alpha` (a per-group float32 alpha of powers of two, 0.5 / 1 / 2, so the check
 stays bit-exact), comma-separated.
 
-Per benchmark set (facts.md, plus a compute-heavy set), side by side in the same process:
+Per benchmark set (shapes.yaml's moe_gateup, moe_down, dense_a, dense_b and the compute-heavy
+bench_large; facts.md has their origin), side by side in the same process:
   ours      the artifact kernel through runtime.grouped_gemm (NVFP4 in, fp16 or bf16 out)
   cublas    torch.mm per group in bf16 on pre-dequantized weights and activations
   grouped   torch._grouped_mm in bf16 on the same pre-dequantized tensors
   floor     max(FLOPs at the bf16 MMA rate, NVFP4 bytes at the copy bandwidth), both ceilings
             measured in this run (a large bf16 matmul; a large device-to-device copy)
 Protocol: inputs are full-range e2m1 codes with A scales 2^0..2^6 and B scales 2^-6..2^-3 (fp32
-sums exact, so our output must equal fp16(float64 reference) bit for bit); each variant is captured in one CUDA graph per input set; input sets rotate so that
-they do not sit in L2 (at least 4 sets and more than 3x L2 bytes); the time is the median over
+sums exact, so our output must equal fp16(float64 reference) bit for bit); each variant is
+captured in one CUDA graph per input set; input sets rotate so that they do not sit in L2 (at least 4 sets and more than 3x L2 bytes); the time is the median over
 many replays, each timed with CUDA events. Our output on the timed inputs is checked against
 the float64 reference (rtol = atol = 1e-3). Full numbers go to --json.
 """
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,20 +47,29 @@ from runtime.nvfp4 import (  # noqa: E402
     reference_grouped_gemm,
 )
 
-SETS = {
-    "moe_gateup": [(m, 4096, 7168) for m in (80, 176, 128, 72, 64, 248, 96, 160)],
-    "moe_down": [(m, 7168, 2048) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
-    "dense_a": [(192, 3072, 4096), (320, 3072, 4096)],
-    "dense_b": [(128, 4096, 1536), (384, 4096, 1536)],
-    "bench_large": [(1024, 4096, 7168)] * 8,
-}
-BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
-# Diagnostic twins, timed only when named in --sets (experiments/tile_start_ab.yaml builds them):
-# moe_down's groups and FLOPs as one 128-step tile per CTA instead of four of 32 steps, so that
-# the difference is what a tile start costs (bench/RESULTS.md, 2026-11-30, tenth session).
-DIAG_SETS = {
-    "moe_down_one_tile": [(m, 1792, 8192) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
-}
+SPEC = ROOT / "shapes.yaml"
+BENCH_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b", "bench_large")
+BASE_SETS = BENCH_SETS[:4]  # the geomean's sets (facts.md); bench_large is the compute-heavy one
+# Diagnostic twins, timed only when named in --sets: moe_down's groups and FLOPs as one 128-step
+# tile per CTA instead of four of 32 steps, so that the difference is what a tile start costs
+# (bench/RESULTS.md, 2026-11-30, tenth session). Their spec builds them too.
+DIAG_SPEC = ROOT / "experiments" / "tile_start_ab.yaml"
+DIAG_SETS_NAMES = ("moe_down_one_tile",)
+
+
+def spec_groups(path: Path, names: tuple[str, ...]) -> dict[str, list[tuple[int, int, int]]]:
+    """The (m, n, k) groups of the named exact sets of a shapes.yaml-format spec, so the bench
+    times exactly the shapes that are built."""
+    raw = yaml.safe_load(path.read_text())
+    by_name = {s["name"]: s for s in raw["sets"]}
+    missing = [n for n in names if n not in by_name or by_name[n].get("m") == "dynamic"]
+    if missing:
+        raise SystemExit(f"{path} must hold the exact sets {list(names)}, but lacks {missing}")
+    return {n: [tuple(int(v) for v in g) for g in by_name[n]["groups"]] for n in names}
+
+
+SETS = spec_groups(SPEC, BENCH_SETS)
+DIAG_SETS = spec_groups(DIAG_SPEC, DIAG_SETS_NAMES)
 ALL_SETS = {**SETS, **DIAG_SETS}
 L2_BYTES = 50 * 2**20
 # GPU spin before every HOLD_BLOCK timed iterations: ~100 us per replay to enqueue, at ~2 GHz.
