@@ -17,8 +17,9 @@ bench_large; facts.md has their origin), side by side in the same process:
             measured in this run (a large bf16 matmul; a large device-to-device copy)
 Protocol: inputs are full-range e2m1 codes with A scales 2^0..2^6 and B scales 2^-6..2^-3 (fp32
 sums exact, so our output must equal fp16(float64 reference) bit for bit); each variant is
-captured in one CUDA graph per input set; input sets rotate so that they do not sit in L2 (at least 4 sets and more than 3x L2 bytes); the time is the median over
-many replays, each timed with CUDA events. Our output on the timed inputs is checked against
+captured in one CUDA graph per input set; input sets rotate so that they do not sit in L2 (at
+least 4 sets and more than 3x L2 bytes); the time is the median over many replays, each timed
+with CUDA events. Our output on the timed inputs is checked against
 the float64 reference (rtol = atol = 1e-3). Full numbers go to --json.
 """
 
@@ -52,7 +53,7 @@ BENCH_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b", "bench_large")
 BASE_SETS = BENCH_SETS[:4]  # the geomean's sets (facts.md); bench_large is the compute-heavy one
 # Diagnostic twins, timed only when named in --sets: moe_down's groups and FLOPs as one 128-step
 # tile per CTA instead of four of 32 steps, so that the difference is what a tile start costs
-# (bench/RESULTS.md, 2026-11-30, tenth session). Their spec builds them too.
+# (docs/lab_notebook.md, 2026-11-30, tenth session). Their spec builds them too.
 DIAG_SPEC = ROOT / "experiments" / "tile_start_ab.yaml"
 DIAG_SETS_NAMES = ("moe_down_one_tile",)
 
@@ -85,7 +86,7 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
     """Median microseconds of one replay per variant (each a list of graphs, one per input
     set), the variants' replays alternating: A/B comparisons then share the process, its
     allocations and the GPU's clock and thermal state, which differ between processes by up
-    to 10% (bench/RESULTS.md, 2026-11-30)."""
+    to 10% (docs/lab_notebook.md, 2026-11-30)."""
     for graphs in variants:
         for g in graphs:
             g.replay()
@@ -96,7 +97,7 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
         if i % HOLD_BLOCK == 0:
             # Keep the GPU busy while the next block is enqueued: a graph shorter than the
             # CPU's ~10 us per replay would otherwise time the CPU (measured: a one-element
-            # torch kernel "took" 9 us, bench/RESULTS.md 2026-11-30).
+            # torch kernel "took" 9 us, docs/lab_notebook.md 2026-11-30).
             torch.cuda._sleep(HOLD_CYCLES_PER_REPLAY * HOLD_BLOCK * len(variants))
         # Each variant leads in turn, so none always takes the first replay after a hold.
         for j in range(len(variants)):

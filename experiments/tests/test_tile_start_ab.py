@@ -1,6 +1,7 @@
-"""experiments/tile_start_ab.yaml (what a tile start costs on moe_down): its two sets are the bench's
-moe_down and its one-tile twin, with the same FLOPs, the shipped moe_down kernel options, and
-the same number of 64-K steps on their busiest CTA, so their time difference is tile starts."""
+"""experiments/tile_start_ab.yaml (what a tile start costs on moe_down): its two sets are the
+bench's moe_down and its one-tile twin, with the same FLOPs, the shipped moe_down kernel
+options, and the same number of 64-K steps on their busiest CTA, so their time difference is
+tile starts."""
 
 from __future__ import annotations
 
