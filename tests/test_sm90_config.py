@@ -13,8 +13,7 @@ from kernels.sm90.config import (C_ROW_PAD, LANE_GROUPS, SMEM_LIMIT, Config, c_t
 
 def test_default_is_v3_and_fits() -> None:
     c = Config()
-    assert (c.a_fp16, c.w_regs, c.tile_m, c.stages, c.a_slots, c.w_prefetch) == (
-        True, True, 128, 3, 8, False)
+    assert (c.a_fp16, c.tile_m, c.stages, c.a_slots, c.w_prefetch) == (True, 128, 3, 8, False)
     assert check(c) == []
     # barriers 1 KiB + 3 x (16 KiB packed B + 2 KiB scales) + 8 x (128 rows x 64 K fp16)
     assert smem_bytes(c) == 1024 + 3 * 18432 + 8 * 16384 == 187392
@@ -85,13 +84,13 @@ def test_tile_m_112_fits_with_five_a_slots() -> None:
     assert (112 * 64 * 2) % 1024 == 0
 
 
-# The refusal of each option that only the staged-A (a_fp16) data-parallel kernel has.
-PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true and stream_k: false (only the default "
-                     "staged-A producer looks ahead)")
-ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (only the "
-                        "default staged-A consumer hands its tiles over)")
-STREAM_A_NEEDS = ("stream_a needs a_fp16: true and stream_k: false (only the default staged-A "
-                  "producer waits for streamed A)")
+# The refusal of each option that only the staged-A (a_fp16) kernel has.
+PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true (only the default staged-A producer looks "
+                     "ahead)")
+ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true (only the default staged-A consumer "
+                        "hands its tiles over)")
+STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A producer waits for "
+                  "streamed A)")
 
 
 @pytest.mark.parametrize("kwargs, reason", [
@@ -109,20 +108,13 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true and stream_k: false (only the def
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
     ({"patch_ahead": True, "a_fp16": False},
      PATCH_AHEAD_NEEDS),
-    ({"patch_ahead": True, "stream_k": True},
-     PATCH_AHEAD_NEEDS),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": True, "a_fp16": False},
-     ASYNC_EPILOGUE_NEEDS),
-    ({"async_epilogue": True, "stream_k": True},
      ASYNC_EPILOGUE_NEEDS),
     ({"stream_a": 1}, "stream_a must be true or false, but got 1"),
     ({"stream_a": "yes"}, "stream_a must be true or false, but got 'yes'"),
     ({"stream_a": None}, "stream_a must be true or false, but got None"),
     ({"stream_a": True, "a_fp16": False}, STREAM_A_NEEDS),
-    ({"stream_a": True, "stream_k": True}, STREAM_A_NEEDS),
-    ({"a_fp16": True, "w_regs": False},
-     "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
     ({"a_fp16": 1}, "a_fp16 must be true or false, but got 1"),
     ({"w_prefetch": "yes"}, "w_prefetch must be true or false, but got 'yes'"),
@@ -181,7 +173,6 @@ def test_stream_a_groups_need_one_k_and_at_most_32(ks: list[int], reasons: list[
 def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
     assert check_groups(Config(), ks) == []
     assert check_groups(Config(a_fp16=False), ks) == []
-    assert check_groups(Config(stream_k=True), ks) == []
 
 
 @pytest.mark.parametrize("warpgroups, producer, consumer, fits", [

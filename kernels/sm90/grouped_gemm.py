@@ -27,9 +27,6 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        bounds checks (rows >= m and cols >= n untouched); with Config.async_epilogue (on for
        every v3 set of shapes.yaml) the consumers write the tile into a padded shared C tile
        and go on, and warps 1..3 (idle since phase 1) store it in 16-byte vectors.
-With Config.stream_k the tiles past the last full wave are split by K across all CTAs, partial
-sums passing through the workspace (stream_k_roles.py; slower than data-parallel on the H200
-except for bench_large, bench/RESULTS.md).
 v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
 swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
 small problems, where phase 1 and the barrier cost more than the conversions they save.
@@ -50,8 +47,7 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
 are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-streamed.py (v3's stream_a: staging overlapped with the tiles), stream_k_roles.py (v3's
-stream-K producer and consumers), per_tile.py (v2) and weights.py (weights into wgmma
+streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
 registers, both versions); structure.py has the layout constants they share. Bit tricks live
 in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
@@ -86,7 +82,6 @@ from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
 from .staging import STREAM_HEADER_BYTES
-from .stream_k_roles import StreamK
 from .streamed import StreamedA
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 from .trace import TraceStamps
@@ -100,7 +95,7 @@ _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, TraceStamps):
+class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -116,11 +111,7 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         self.scale_blocks = scale_blocks(config.tile_n)
         self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
-        self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
-        # Stream-K: per CTA one fp32 partial tile, then its ready flag on a line of its own.
-        self.sk_flag_offset = config.tile_n * config.tile_m * 4
-        self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
         self.trace_bytes = TRACE_BYTES if config.trace else 0  # Config.trace's record per CTA
         # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
         # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
@@ -210,11 +201,9 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
-        fb_layout, fa_layout = self._fp16_layouts()
+        fa_layout = self._fp16_a_layout()
 
         stages = self.stages
-
-        fb_elems = 16 if self.w_regs else cute.cosize(fb_layout)  # unused without an fp16 B tile
 
         @cute.struct
         class SharedStorage:
@@ -229,7 +218,9 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                 cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
             fp16_a: cute.struct.Align[
                 cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024]
-            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, fb_elems], 1024]
+            # Where a shared fp16 B tile was (the weights now go to wgmma in registers): kept,
+            # unused, so that the v2 cubins did not change.
+            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, 16], 1024]
 
         self.shared_storage = SharedStorage
         if cutlass.const_expr(self.a_fp16):
@@ -272,17 +263,17 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
 
     def _tiled_mma(self) -> cute.TiledMma:
         # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
-        source = warpgroup.OperandSource.RMEM if self.w_regs else warpgroup.OperandSource.SMEM
         return sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m), a_source=source,
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m),
+            a_source=warpgroup.OperandSource.RMEM,
         )
 
-    def _fp16_layouts(self) -> tuple[Any, Any]:
-        """K-major 128B-swizzled fp16 tiles (B rows, A rows) x 64 K, FP16_BUFFERS deep."""
-        mnk = (self.tile_n, self.tile_m, SUB_K)
-        return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS),
-                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS))
+    def _fp16_a_layout(self) -> Any:
+        """v2's K-major 128B-swizzled fp16 A tiles (tile_m rows x 64 K), FP16_BUFFERS deep."""
+        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
+                                             (self.tile_n, self.tile_m, SUB_K), Float16,
+                                             FP16_BUFFERS)
 
     def _a16_layout(self) -> Any:
         """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
@@ -491,16 +482,14 @@ def compile_kernel(config: Config, *, arch: str,
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
         # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
-        # Stream-K splits K over every CTA: the grid is all SMs even with fewer tiles.
         grid={"policy": "persistent", "ctas_per_sm": 1,
-              **({"cooperative": True} if config.a_fp16 else {}),
-              **({"every_sm": True} if config.stream_k else {})},
+              **({"cooperative": True} if config.a_fp16 else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
             header_bytes=gemm.header_bytes,
             bytes_per_a_element=2 if config.a_fp16 else 0,
-            extra_bytes_per_cta=gemm.sk_slot_bytes + gemm.trace_bytes),
+            extra_bytes_per_cta=gemm.trace_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
                      "n_multiple": N_MULTIPLE},
     )

@@ -47,7 +47,7 @@ HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
 # async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
-# between the two sides (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers): the C
+# between the two sides (0 is the CTA's, 1 v2's step barrier; 2 was stream-K's): the C
 # tile is free to write, and it is full.
 STORERS = 3 * 32
 _C_FREE, _C_FULL = 3, 4
@@ -80,12 +80,6 @@ class StagedA:
                                                         num_groups)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, grid)
-        sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
-        if cutlass.const_expr(self.config.stream_k):
-            a16_base = a16_base + grid * self.sk_slot_bytes
-            if tidx == 0:  # ordered before every CTA's wait by the grid barrier below
-                st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
-
         if cutlass.const_expr(self.config.trace):
             a16_base = self._start_trace(workspace, a16_base, tidx, bidx, grid)
         desc_base = ws_base + self.header_bytes
@@ -95,12 +89,12 @@ class StagedA:
                                  num_groups, tidx, warp_idx, bidx, grid)
         else:
             self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                prefix, desc_base, a16_base, sk_base, grid_barrier,
-                                total_tiles, num_groups, tidx, warp_idx, bidx, grid)
+                                prefix, desc_base, a16_base, grid_barrier, total_tiles,
+                                num_groups, tidx, warp_idx, bidx, grid)
 
     def _past_descriptors(self, ws_base, grid) -> Int64:
         """Workspace address past the zeroed header and every CTA's descriptor sets, where the
-        stream-K slots or the trace records and then the fp16 A begin (runtime/plan.py)."""
+        trace records (Config.trace) and then the fp16 A begin (runtime/plan.py)."""
         return ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
                                                      * tma.TENSORMAP_BYTES)
 
@@ -142,8 +136,8 @@ class StagedA:
 
     @cute.jit
     def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                       prefix, desc_base, a16_base, sk_base, grid_barrier, total_tiles,
-                       num_groups, tidx, warp_idx, bidx, grid) -> None:
+                       prefix, desc_base, a16_base, grid_barrier, total_tiles, num_groups,
+                       tidx, warp_idx, bidx, grid) -> None:
         """Phase 1 (all warps but warp 0 stage A), the grid barrier, then the roles."""
         # The grid barrier's generation before this CTA arrives, read now so that its round
         # trip overlaps the staging: it cannot move before every CTA, this one included, has
@@ -153,8 +147,7 @@ class StagedA:
             seen = ld_acquire_gpu_u32(grid_barrier.toint() + BARRIER_GENERATION)
         if warp_idx == 0:
             self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                    prefix, desc_base, a16_base, total_tiles, bidx, grid,
-                                    num_groups)
+                                    prefix, desc_base, a16_base, total_tiles, bidx)
         else:
             self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
@@ -168,9 +161,6 @@ class StagedA:
         producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                          desc_base, a16_base, total_tiles, bidx, grid)
         consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
-        if cutlass.const_expr(self.config.stream_k):
-            producer_args = (*producer_args, num_groups)
-            consumer_args = (*consumer_args, num_groups, sk_base)
         split = self._register_split()
         if cutlass.const_expr(split is not None):
             # The launch splits the register file evenly; the consumers need more. setmaxnreg is
@@ -179,24 +169,24 @@ class StagedA:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
-                    self._producer_role(*producer_args)
+                    self._producer_a16(*producer_args)
                 if cutlass.const_expr(self.config.async_epilogue):
                     if warp_idx >= 1:
                         self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
                                           tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
-                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_role(*producer_args)
+                self._producer_a16(*producer_args)
             if cutlass.const_expr(self.config.async_epilogue):
                 if warp_idx >= 1:
                     if warp_idx < 4:
                         self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
                                           tidx - 32)
             if warp_idx >= 4:
-                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
     def _register_split(self) -> tuple[int, int] | None:
         """(producer, consumer) registers per thread after setmaxnreg (REGISTER_SPLITS), or None
@@ -207,15 +197,6 @@ class StagedA:
                 return STREAM_A_SPLIT
             return REGISTER_SPLITS[warpgroups]
         return None
-
-    def _producer_role(self, *args) -> None:
-        """The producer of this build: stream-K (stream_k_roles.py) or data-parallel. Chosen
-        while tracing, so a build holds one of them."""
-        (self._producer_sk if self.config.stream_k else self._producer_a16)(*args)
-
-    def _consumer_role(self, *args) -> None:
-        """The consumers of this build, as _producer_role."""
-        (self._consumer_sk if self.config.stream_k else self._consumer_a16)(*args)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -396,7 +377,7 @@ class StagedA:
 
     @cute.jit
     def _producer_prologue(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                           desc_base, a16_base, total_tiles, bidx, grid, num_groups) -> None:
+                           desc_base, a16_base, total_tiles, bidx) -> None:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
         group, and that tile's first weight stages in flight while the other warps stage A."""
         atoms = (tma_b, tma_a16, tma_sfb)
@@ -406,29 +387,23 @@ class StagedA:
         if cutlass.const_expr(self.config.trace):
             lane0 = Int32(cute.arch.lane_idx() == 0)
             self._stamp_cta(1, lane0)
-        first, kb = bidx, 0  # the data-parallel first tile, from its first stage
-        if cutlass.const_expr(self.config.stream_k):
-            group, pre, first, kb = self._sk_first(
-                sizes, prefix, total_tiles, bidx, grid, num_groups,
-                self._sk_range(sizes, prefix, total_tiles, bidx, grid, num_groups))
-        else:
-            group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         if pre > 0:
-            _, m, n, k = self._group_of(first, group, prefix, sizes)
+            _, m, n, k = self._group_of(bidx, group, prefix, sizes)
             self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
                                         m, n, k)
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(2, lane0)
-            _, tile_n_idx = self._tile_coords(first, group, prefix, m)
+            _, tile_n_idx = self._tile_coords(bidx, group, prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
             d_b = self._desc(ws, bidx, 0, OP_B)
             d_sfb = self._desc(ws, bidx, 0, OP_SFB)
-            for kt in cutlass.range(kb, kb + pre, unroll=1):
+            for kt in cutlass.range(0, 0 + pre, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
                                           tile_n_idx * self.tile_n)
                 if cutlass.const_expr(self.config.trace):
-                    self._stamp_cta(3, lane0 & Int32(kt == kb))
+                    self._stamp_cta(3, lane0 & Int32(kt == 0))
 
     @cute.jit
     def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace=None) -> Any:
@@ -539,9 +514,9 @@ class StagedA:
     @cute.jit
     def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
                        tile, group, prefix, m, kb, pre, ke, streamed=None, trace=None) -> tuple:
-        """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
-        tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
-        weights are already loaded (the prologue's first tile), so only their A goes. Returns
+        """The loads of weight stages kb..ke-1 of one tile with descriptor set `desc_set`: the
+        first `pre` stages' weights are already loaded (the prologue's first tile), so only
+        their A goes. Returns
         the advanced pipeline states and `ready` (the caller rebinds them, as _produce_b's).
         With stream_a, `streamed` is (progress, ready, sizes, grid) and each stage's A waits
         until it is staged (streamed.py); without it `ready` stays 0."""
@@ -659,7 +634,7 @@ class StagedA:
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     def _consumer_operands(self, tiled_mma, storage, ct) -> tuple:
-        """A consumer thread's view of the tile (both consumers, default and stream-K): the A
+        """A consumer thread's view of the tile: the A
         ring's wgmma fragments, two weight fragments (and their words), the accumulator, its
         coordinates, k-blocks per step, and the weight stages' shared addresses."""
         a16_layout = self._a16_layout()
@@ -864,8 +839,8 @@ class StagedA:
     def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
                 b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct,
                 trace=None) -> tuple:
-        """Weight stages kb..ke-1 of one tile into acc, zeroed first (the data-parallel
-        consumer runs a whole tile, stream-K a piece of one): each 64-K step dequantizes the
+        """Weight stages kb..ke-1 of one tile into acc, zeroed first: each 64-K step
+        dequantizes the
         weights into a register fragment and issues its wgmma on the A ring's slot, one step
         in flight. Returns the advanced pipeline states and the last A slot, already released
         (the caller rebinds them, as _produce_b's)."""
