@@ -24,7 +24,7 @@ SUB_STEPS = K_TILE // SUB_K
 
 @pytest.mark.parametrize("kwargs, reason", [
     ({"trace": 1}, "trace must be true or false, but got 1"),
-    ({"trace": True, "a_fp16": False},
+    ({"trace": True, "a_fp16": False, "async_epilogue": False, "patch_ahead": False},
      "trace needs a_fp16: true (only the staged-A roles stamp it)"),
 ])
 def test_trace_is_checked(kwargs, reason) -> None:

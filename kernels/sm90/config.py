@@ -34,6 +34,10 @@ TILE_NS = (128, 192)
 
 @dataclass(frozen=True)
 class Config:
+    """The sm_90a kernel's build options. The defaults are the shipped v3 kernel (staged A,
+    async epilogue, descriptors patched ahead: what shapes.yaml's sm_90a defaults give); v2 is
+    `a_fp16: false` with `async_epilogue: false, patch_ahead: false` (the mixed_v2 set)."""
+
     acc_stages: int = 1
     # The element type C is written in (shapes.yaml `out_dtypes`, its own key, like acc_stages):
     # the epilogue multiplies the fp32 accumulator by the group's alpha, then rounds to it.
@@ -52,14 +56,19 @@ class Config:
     # conversion chain. 1-2% slower on the H200 in the fifth session; since the twelfth, 3-4%
     # faster on dense_a (112 x 128), and still slower on moe_down (bench/RESULTS.md).
     w_prefetch: bool = False
-    # With a_fp16: the consumers write each finished tile into a shared-memory C tile and go on
-    # to the next tile; the producer warpgroup's three idle warps copy it to global memory.
-    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128).
-    async_epilogue: bool = False
-    # With a_fp16: the producer patches the descriptors of its next tile's group one tile
+    # v3 (a_fp16) only, and always on there (the consumers' own C stores lost in measurement,
+    # wip-v3-direct-epilogue): the consumers write each finished tile into a shared-memory C
+    # tile and go on to the next tile; the producer warpgroup's three idle warps copy it out.
+    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128,
+    # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (bench/RESULTS.md,
+    # 2026-11-30, sixth session).
+    async_epilogue: bool = True
+    # v3 (a_fp16) only, and always on there (wip-v3-direct-epilogue has the patch at the tile
+    # start): the producer patches the descriptors of its next tile's group one tile
     # ahead (and prefetches them), instead of when that tile starts; a group change then no
     # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
-    patch_ahead: bool = False
+    # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (bench/RESULTS.md, seventh session).
+    patch_ahead: bool = True
     # With a_fp16: phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps
     # 1..3 stage A in K order (kernels/sm90/staging.py, "streamed staging") while the consumers
     # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
@@ -175,6 +184,13 @@ _STAGED_ONLY = (
 )
 
 
+# Options v3 always has (their off paths lost in measurement; branch wip-v3-direct-epilogue).
+_STAGED_ALWAYS = {
+    "async_epilogue": "its consumers' own C stores were slower, bench/RESULTS.md sixth session",
+    "patch_ahead": "patching at each tile's start was slower, bench/RESULTS.md seventh session",
+}
+
+
 def check(config: Config) -> list[str]:
     """Reasons the config cannot be built; empty when it can."""
     reasons = []
@@ -210,6 +226,9 @@ def check(config: Config) -> list[str]:
             reasons.append(f"{name} must be true or false, but got {value!r}")
         elif value and config.a_fp16 is False:
             reasons.append(f"{name} needs a_fp16: true ({why})")
+        elif name in _STAGED_ALWAYS and not value and config.a_fp16 is True:
+            reasons.append(f"{name} must be true with a_fp16: true (the v3 kernel has no other "
+                           f"path: {_STAGED_ALWAYS[name]}), but got false")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:
@@ -222,6 +241,6 @@ def check(config: Config) -> list[str]:
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
             "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
             + (" or tile_n" if config.tile_n != 128 else "")
-            + (f", or turn async_epilogue off (its C tile takes {c_tile_bytes(config)} bytes)"
+            + (f" (its C tile takes {c_tile_bytes(config)} bytes)"
                if config.async_epilogue else ""))
     return reasons

@@ -115,9 +115,9 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         self.trace_bytes = TRACE_BYTES if config.trace else 0  # Config.trace's record per CTA
         # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
         # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
-        # patch_ahead patches a set one tile before its loads: one set more in the rotation.
+        # v3 patches a set one tile before its loads (patch_ahead): one set more in the rotation.
         self.desc_sets = tma.sets_needed(
-            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + int(config.patch_ahead))
+            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + 1)
             if config.a_fp16 else config.stages)
         # The zeroed header at the workspace's start and the grid_barrier parameter: the grid
         # barrier (staged.py), or with stream_a the progress counters (staging.py).
@@ -232,13 +232,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
                 "mbar": cute.struct.MemRange[Int64, stages * 2],
                 "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
             }
-            if cutlass.const_expr(self.config.async_epilogue):
-                # The storers' look-ahead for the consumers: (k, first scale row) of the tile
-                # after the one being handed over. Inside the barriers' first KiB, so the size
-                # is config.smem_bytes's.
-                fields["next_tile"] = cute.struct.MemRange[Int32, 2]
-                # The C scale (_c_scale) of the tile being handed over, posted by the storers.
-                fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
+            # The storers' look-ahead for the consumers: (k, first scale row) of the tile after
+            # the one being handed over. Inside the barriers' first KiB, so the size is
+            # config.smem_bytes's.
+            fields["next_tile"] = cute.struct.MemRange[Int32, 2]
+            # The C scale (_c_scale) of the tile being handed over, posted by the storers.
+            fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
             fields |= {
                 "packed_b": cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
@@ -246,9 +245,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
                     cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128],
                 "a16": cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024],
             }
-            if cutlass.const_expr(self.config.async_epilogue):
-                fields["c_tile"] = cute.struct.Align[
-                    cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
+            fields["c_tile"] = cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
             self.shared_storage = cute.struct(
                 type("SharedStorageA16", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()

@@ -125,9 +125,8 @@ class StagedA:
             else:
                 self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-                if cutlass.const_expr(self.config.async_epilogue):
-                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                      tidx - 32)
+                self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                  tidx - 32)
         else:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_alloc(split[1])
@@ -170,21 +169,19 @@ class StagedA:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
                     self._producer_a16(*producer_args)
-                if cutlass.const_expr(self.config.async_epilogue):
-                    if warp_idx >= 1:
-                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                          tidx - 32)
+                if warp_idx >= 1:
+                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                      tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
                 self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
                 self._producer_a16(*producer_args)
-            if cutlass.const_expr(self.config.async_epilogue):
-                if warp_idx >= 1:
-                    if warp_idx < 4:
-                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                          tidx - 32)
+            if warp_idx >= 1:
+                if warp_idx < 4:
+                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
+                                      tidx - 32)
             if warp_idx >= 4:
                 self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
@@ -455,44 +452,12 @@ class StagedA:
         prev_group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
-        if cutlass.const_expr(self.config.patch_ahead):
-            b_state, a_state = self._producer_tiles_ahead(
-                atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
-                a16_base, total_tiles, bidx, grid, pre, prev_group,
-                None if progress is None else (progress, sizes, grid))
-        else:
-            group = Int32(0)
-            desc_set = Int32(0)
-            ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
-            tile = bidx
-            while tile < total_tiles:
-                group, m, n, k = self._group_of(tile, group, prefix, sizes)
-                trace = None
-                if cutlass.const_expr(self.config.trace):
-                    trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
-                desc_set, prev_group = self._patch_on_group_change(
-                    atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-                b_state, a_state, ready = self._produce_piece(
-                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                    prefix, m, 0, pre, k // K_TILE,
-                    None if progress is None else (progress, ready, sizes, grid), trace)
-                pre = Int32(0)
-                tile += grid
+        b_state, a_state = self._producer_tiles_ahead(
+            atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
+            a16_base, total_tiles, bidx, grid, pre, prev_group,
+            None if progress is None else (progress, sizes, grid))
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
-
-    @cute.jit
-    def _patch_on_group_change(self, atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group,
-                               a16_base, m, n, k) -> tuple:
-        """When a tile's group differs from the previous tile's, patch the next descriptor set
-        for it (as the tile starts: the producers without patch_ahead). Returns the set and
-        group to use from now on (the caller rebinds them)."""
-        if group != prev_group:
-            desc_set = self._next_set(desc_set)
-            self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                        a16_base, m, n, k)
-            prev_group = group
-        return desc_set, prev_group
 
     @cute.jit
     def _tile_loads(self, ws, bidx, desc_set, tile, group, prefix, m, streamed=None) -> tuple:
@@ -510,31 +475,6 @@ class StagedA:
             progress, sizes, grid = streamed
             wait = (progress, self._row_end(sizes, group, row_a, m), grid)
         return d_b, d_a, d_sfb, row_a, row_b, wait
-
-    @cute.jit
-    def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
-                       tile, group, prefix, m, kb, pre, ke, streamed=None, trace=None) -> tuple:
-        """The loads of weight stages kb..ke-1 of one tile with descriptor set `desc_set`: the
-        first `pre` stages' weights are already loaded (the prologue's first tile), so only
-        their A goes. Returns
-        the advanced pipeline states and `ready` (the caller rebinds them, as _produce_b's).
-        With stream_a, `streamed` is (progress, ready, sizes, grid) and each stage's A waits
-        until it is staged (streamed.py); without it `ready` stays 0."""
-        ready = Int32(0)
-        parts = None
-        if cutlass.const_expr(streamed is not None):
-            progress, ready, sizes, grid = streamed
-            parts = (progress, sizes, grid)
-        d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, bidx, desc_set, tile, group,
-                                                               prefix, m, parts)
-        for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
-            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        for kt in cutlass.range(kb + pre, ke, unroll=1):
-            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace)
-            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        return b_state, a_state, ready
 
     @cute.jit
     def _producer_tiles_ahead(self, atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes,
@@ -780,35 +720,20 @@ class StagedA:
         prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
-        if cutlass.const_expr(self.config.async_epilogue):
-            # The storers write C, so a tile's k and scale row are all the consumers need:
-            # they walk the group table for their first tile only, and each hand-over brings
-            # the next tile's from the storers (_store_tiles).
-            k = Int32(0)
-            scale_row0 = Int32(0)
-            if tile < total_tiles:
-                group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
-            while tile < total_tiles:
-                b_state, a_state, prev_slot, trace = self._tile_k_loop(
-                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
-                    ct)
-                k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
-                tile += grid
-        else:
-            while tile < total_tiles:
-                group, m, n, k = self._group_of(tile, group, prefix, sizes)
-                tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-                # The tile's first weight row within its 128-row scale block (0 unless 192).
-                scale_row0 = (tile_n_idx * self.tile_n) % 128
-                b_state, a_state, prev_slot, trace = self._tile_k_loop(
-                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
-                    ct)
-                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                                 self._c_scale(group))
-                tile += grid
+        # The storers write C, so a tile's k and scale row are all the consumers need: they
+        # walk the group table for their first tile only, and each hand-over brings the next
+        # tile's from the storers (_store_tiles).
+        k = Int32(0)
+        scale_row0 = Int32(0)
+        if tile < total_tiles:
+            group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
+        while tile < total_tiles:
+            b_state, a_state, prev_slot, trace = self._tile_k_loop(
+                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
+                b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
+                ct)
+            k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
+            tile += grid
 
     @cute.jit
     def _tile_k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b,
