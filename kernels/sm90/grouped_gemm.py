@@ -74,6 +74,7 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
                                 subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
+from .context import CtaContext
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
                      smem_bytes)
@@ -318,22 +319,27 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
             trap()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        # Read by the epilogues through _c_scale (a trace-time handle, like self.config).
-        self.alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
+        # Read by the epilogues through _c_scale (in the CtaContext the roles get).
+        alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         if cutlass.const_expr(self.a_fp16):
             self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
-                             workspace, grid_barrier, num_groups, tidx, warp_idx, bidx, grid)
+                             alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
+                             bidx, grid)
         else:
             self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                            cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
+                            cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
+                            grid)
 
     @cute.jit
-    def _tables(self, problem_sizes, pointers, cta_prefix, num_groups):
-        """The device tables as tensors (kernels/tables.py layouts), and the total tile count."""
+    def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                 grid) -> CtaContext:
+        """The device tables as tensors (kernels/tables.py layouts), the total tile count, this
+        CTA and the grid: the roles' read-only context."""
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
-        return sizes, ptrs, prefix, prefix[num_groups]
+        return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
+                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -405,12 +411,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=16)
         return cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
 
-    def _c_scale(self, group: Int32) -> Float32:
+    def _c_scale(self, cta: CtaContext, group: Int32) -> Float32:
         """What a tile of `group` multiplies its fp32 accumulator by before the cast: the
         group's alpha and ACC_UNSCALE (both operands leave dequant_word_w scaled by 2^-7), one
         factor, so the epilogue keeps one FMUL per element. Exact reordering: ACC_UNSCALE is a
         power of two, so acc * (alpha * 2^14) rounds as (acc * 2^14) * alpha does."""
-        return self.alpha_table[group] * Float32(ACC_UNSCALE)
+        return cta.alpha[group] * Float32(ACC_UNSCALE)
 
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,

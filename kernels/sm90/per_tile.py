@@ -28,13 +28,15 @@ class PerTileA:
 
     @cute.jit
     def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                   cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+                   cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
+                   grid) -> None:
         mainloop = self._tma_pipeline(
             storage.mbar, self.stages,
             (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
 
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
+        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                            grid)
+        sizes, ptrs, prefix, total_tiles = cta.sizes, cta.ptrs, cta.prefix, cta.total_tiles
 
         # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
         # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
@@ -43,8 +45,8 @@ class PerTileA:
             self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
                            prefix, workspace, total_tiles, bidx, grid)
         if warp_idx >= 4:
-            self._consumer(self._tiled_mma(), self._fp16_a_layout(), storage, mainloop, sizes,
-                           ptrs, prefix, total_tiles, bidx, grid, tidx - 128)
+            self._consumer(self._tiled_mma(), self._fp16_a_layout(), storage, mainloop, cta,
+                           tidx - 128)
 
     @cute.jit
     def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
@@ -107,8 +109,9 @@ class PerTileA:
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     @cute.jit
-    def _consumer(self, tiled_mma, fa_layout, storage, mainloop, sizes, ptrs, prefix,
-                  total_tiles, bidx, grid, ct) -> None:
+    def _consumer(self, tiled_mma, fa_layout, storage, mainloop, cta, ct) -> None:
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
         frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
@@ -174,7 +177,7 @@ class PerTileA:
             warpgroup.wait_group(0)
             self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                              tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                             self._c_scale(group))
+                             self._c_scale(cta, group))
             tile += grid
 
     @cute.jit

@@ -66,8 +66,8 @@ class StagedA:
 
     @cute.jit
     def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
-                    cta_prefix, workspace, grid_barrier, num_groups, tidx, warp_idx, bidx,
-                    grid) -> None:
+                    cta_prefix, alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
+                    bidx, grid) -> None:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile.
@@ -76,21 +76,19 @@ class StagedA:
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
+        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                            grid)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, grid)
         if cutlass.const_expr(self.config.trace):
             a16_base = self._start_trace(workspace, a16_base, tidx, bidx, grid)
         desc_base = ws_base + self.header_bytes
         if cutlass.const_expr(self.config.stream_a):
-            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                 prefix, desc_base, a16_base, grid_barrier.toint(), total_tiles,
-                                 num_groups, tidx, warp_idx, bidx, grid)
+            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                                 a16_base, grid_barrier.toint(), num_groups, tidx, warp_idx)
         else:
-            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                prefix, desc_base, a16_base, grid_barrier, total_tiles,
-                                num_groups, tidx, warp_idx, bidx, grid)
+            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                                a16_base, grid_barrier, num_groups, tidx, warp_idx)
 
     def _past_descriptors(self, ws_base, grid) -> Int64:
         """Workspace address past the zeroed header and every CTA's descriptor sets, where the
@@ -99,11 +97,12 @@ class StagedA:
                                                      * tma.TENSORMAP_BYTES)
 
     @cute.jit
-    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                        prefix, desc_base, a16_base, header, total_tiles, num_groups, tidx,
-                        warp_idx, bidx, grid) -> None:
+    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                        a16_base, header, num_groups, tidx, warp_idx) -> None:
         """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
         then store C tiles, the consumers start at once."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
         # this CTA happens before the stagers' first count, and CTA 0, which advances it only
         # after every count (acquiring them), cannot make a CTA of this launch see the next
@@ -125,8 +124,7 @@ class StagedA:
             else:
                 self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-                self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                  tidx - 32)
+                self._store_tiles(storage, cta, tidx - 32)
         else:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_alloc(split[1])
@@ -134,10 +132,11 @@ class StagedA:
                                total_tiles, bidx, grid, tidx - WARPGROUP)
 
     @cute.jit
-    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                       prefix, desc_base, a16_base, grid_barrier, total_tiles, num_groups,
-                       tidx, warp_idx, bidx, grid) -> None:
+    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                       a16_base, grid_barrier, num_groups, tidx, warp_idx) -> None:
         """Phase 1 (all warps but warp 0 stage A), the grid barrier, then the roles."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         # The grid barrier's generation before this CTA arrives, read now so that its round
         # trip overlaps the staging: it cannot move before every CTA, this one included, has
         # arrived.
@@ -170,8 +169,7 @@ class StagedA:
                 if warp_idx == 0:
                     self._producer_a16(*producer_args)
                 if warp_idx >= 1:
-                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                      tidx - 32)
+                    self._store_tiles(storage, cta, tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
                 self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
@@ -180,8 +178,7 @@ class StagedA:
                 self._producer_a16(*producer_args)
             if warp_idx >= 1:
                 if warp_idx < 4:
-                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                      tidx - 32)
+                    self._store_tiles(storage, cta, tidx - 32)
             if warp_idx >= 4:
                 self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
@@ -642,21 +639,21 @@ class StagedA:
         return storage.tile_scale.get_tensor(cute.make_layout(1))
 
     @cute.jit
-    def _post_tile_scale(self, storage, tile, group, prefix, sizes, st) -> Int32:
+    def _post_tile_scale(self, storage, cta, tile, group, st) -> Int32:
         """Storers: post `tile`'s C scale for its hand-over; returns `tile`'s group (tiles only
         increase, so the walk goes on from `group`)."""
-        group, _, _, _ = self._group_of(tile, group, prefix, sizes)
+        group, _, _, _ = self._group_of(tile, group, cta.prefix, cta.sizes)
         if st == 0:
             scale_post = self._tile_scale_post(storage)
-            scale_post[0] = self._c_scale(group)
+            scale_post[0] = self._c_scale(cta, group)
         return group
 
     @cute.jit
-    def _post_next_tile(self, storage, tile, group, prefix, sizes, total_tiles, st) -> Int32:
+    def _post_next_tile(self, storage, cta, tile, group, st) -> Int32:
         """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
         tile); returns the group walked to (tiles only increase)."""
-        if tile < total_tiles:
-            group, k, row0 = self._consumer_tile(tile, group, prefix, sizes)
+        if tile < cta.total_tiles:
+            group, k, row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
             if st == 0:
                 posted = self._next_tile_post(storage)
                 posted[0] = k
@@ -664,11 +661,13 @@ class StagedA:
         return group
 
     @cute.jit
-    def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
+    def _store_tiles(self, storage, cta, st) -> None:
         """async_epilogue, warps 1..3 (`st` 0..95): for each of this CTA's tiles, wait until the
         consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
         vectors, and hand the tile back (a full barrier, met by the consumers at their next
         tile's end)."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         c_free, c_full = self._c_barriers()
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
@@ -678,12 +677,11 @@ class StagedA:
         # the first hand-over, then t + 2 grid after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
         # between tiles (bench/RESULTS.md, eleventh session).
-        ahead = self._post_next_tile(storage, bidx + grid, Int32(0), prefix, sizes, total_tiles,
-                                     st)
+        ahead = self._post_next_tile(storage, cta, bidx + grid, Int32(0), st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
         if bidx < total_tiles:
-            group = self._post_tile_scale(storage, bidx, group, prefix, sizes, st)
+            group = self._post_tile_scale(storage, cta, bidx, group, st)
         c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
         tile = bidx
         while tile < total_tiles:
@@ -693,8 +691,7 @@ class StagedA:
             col0 = tile_n_idx * self.tile_n
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
-            ahead = self._post_next_tile(storage, tile + 2 * grid, ahead, prefix, sizes,
-                                         total_tiles, st)
+            ahead = self._post_next_tile(storage, cta, tile + 2 * grid, ahead, st)
             for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8
@@ -705,7 +702,7 @@ class StagedA:
             tile += grid
             if tile < total_tiles:
                 # After this hand-over's second barrier: the consumers have read the last post.
-                group = self._post_tile_scale(storage, tile, group, prefix, sizes, st)
+                group = self._post_tile_scale(storage, cta, tile, group, st)
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
     @cute.jit
