@@ -111,7 +111,7 @@ _CONSUMER_TILES = '''        prev_slot = Int32(0)
         # The storers write C'''
 # The storer warps walk the tiles too; without tiles they must not wait for one,
 # nor meet the consumers at the first hand-over (no consumer comes).
-_STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
+_STORER_TILES = '''            c_free.arrive_and_wait()
         tile = bidx
 '''
 _STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
@@ -130,8 +130,7 @@ _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
 _NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
              (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
              (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles")
-              .replace("        c_free.arrive_and_wait()  # the consumers' first hand-over: the "
-                       "tile starts empty\n", ""))]
+              .replace("            c_free.arrive_and_wait()\n", "            pass\n"))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
 _STEP_MMA = '''                for kblk in cutlass.range_constexpr(num_kblocks):
                     cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],

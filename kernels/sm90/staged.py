@@ -682,7 +682,10 @@ class StagedA:
         group = Int32(0)
         if bidx < total_tiles:
             group = self._post_tile_scale(storage, cta, bidx, group, st)
-        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
+            # The consumers' first hand-over: the tile starts empty. A CTA with no tile meets no
+            # consumer there (the grid of a launch whose tile count the host cannot know,
+            # runtime/serving.py, is every SM: such CTAs must exit, not wait).
+            c_free.arrive_and_wait()
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
