@@ -16,6 +16,7 @@ must not fault (clamped). A short table comes last.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import random
 import sys
 import time
@@ -170,7 +171,11 @@ def main() -> int:
     ap.add_argument("--artifacts", default="artifacts")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--only", action="append", default=[])
+    ap.add_argument("--watchdog", type=float, default=0,
+                    help="dump every thread's stack and exit after this many seconds")
     args = ap.parse_args()
+    if args.watchdog:
+        faulthandler.dump_traceback_later(args.watchdog, exit=True)
     gg = runtime.load(args.artifacts)
     arch = gg._runtime(torch.cuda.current_device()).arch
     rng = random.Random(7)
@@ -180,6 +185,7 @@ def main() -> int:
         if (entry.arch != arch or dyn is None or len(set(dyn[0])) != 1 or len(dyn[0]) < 2
                 or (args.only and entry.name not in args.only)):
             continue
+        print(f"{entry.name} ...", flush=True)
         try:
             rows += check_kernel(gg, entry, rng, args.reps)
         except Exception as exc:  # noqa: BLE001 - report and go on
