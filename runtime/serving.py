@@ -39,9 +39,17 @@ import torch
 from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
 from .manifest import KernelEntry
-from .plan import Plan, TABLE_ALIGN, _layout, grid_size
-from .validate import (_FP4, _FP4_NAMES, _SF, _SF_NAMES, ALIGN, OUT_TORCH_DTYPES, check_alpha,
-                       out_dtype_name)
+from .plan import TABLE_ALIGN, Plan, _layout, grid_size
+from .validate import (
+    _FP4,
+    _FP4_NAMES,
+    _SF,
+    _SF_NAMES,
+    ALIGN,
+    OUT_TORCH_DTYPES,
+    check_alpha,
+    out_dtype_name,
+)
 
 
 def scale_cols(k: int) -> int:

@@ -27,11 +27,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402
-from runtime.dispatch import dynamic_groups  # noqa: E402
-from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm  # noqa: E402
-from runtime.serving import scale_cols, sfa_rows_needed  # noqa: E402
-from runtime.validate import OUT_TORCH_DTYPES  # noqa: E402
+import runtime
+from runtime.dispatch import dynamic_groups
+from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm
+from runtime.serving import scale_cols, sfa_rows_needed
+from runtime.validate import OUT_TORCH_DTYPES
 
 
 def routing(rng: random.Random, t: int, e: int, kind: str) -> list[int]:
@@ -150,7 +150,7 @@ def check_kernel(gg: runtime.GroupedGemm, entry, rng: random.Random, reps: int) 
         torch.cuda.synchronize()
         # Host time per eager call (new routing each call, outputs given).
         times = []
-        for i in range(20):
+        for _ in range(20):
             layer.offs.copy_(torch.tensor(routing(rng, t, e, "skewed"),
                                           dtype=torch.int64).cumsum(0).to(torch.int32))
             torch.cuda.synchronize()
@@ -188,7 +188,7 @@ def main() -> int:
         print(f"{entry.name} ...", flush=True)
         try:
             rows += check_kernel(gg, entry, rng, args.reps)
-        except Exception as exc:  # noqa: BLE001 - report and go on
+        except Exception as exc:
             rows.append({"kernel": entry.name, "t": 0, "checks": 0,
                          "failed": [f"{type(exc).__name__}: {exc}"], "host_us": 0.0})
         for r in rows[-2:]:

@@ -12,8 +12,15 @@ import torch
 from test_runtime_cpu import entry
 
 from runtime.errors import InputError, NoKernelError
-from runtime.serving import (ServingCall, check_serving, device_tables, scale_cols,
-                             select_serving, serving_plan, sfa_rows_needed)
+from runtime.serving import (
+    ServingCall,
+    check_serving,
+    device_tables,
+    scale_cols,
+    select_serving,
+    serving_plan,
+    sfa_rows_needed,
+)
 
 E, N, K = 4, 256, 512
 DYN = {"dynamic_m": {"groups": [[N, K]] * E, "max_m": None}}
