@@ -55,7 +55,8 @@ SCHEMA_VERSION = 1
 SET_NAME_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
 TOP_KEYS = ("schema_version", "defaults", "sets")
 DEFAULT_KEYS = ("archs", "acc_stages", "options", "out_dtypes")
-SET_KEYS = ("name", "groups", "m", "max_m", "archs", "acc_stages", "options", "out_dtypes")
+SET_KEYS = ("name", "groups", "m", "max_m", "archs", "acc_stages", "options", "out_dtypes",
+            "experts", "n", "k")
 DEFAULT_OUT_DTYPES = ("bfloat16", "float16")
 DYNAMIC = "dynamic"  # the one value of a set's `m` key
 # C is indexed with 32-bit offsets in the kernels: every group needs m * n < 2^31.
@@ -356,31 +357,57 @@ class _Checker:
                 else:
                     what = "group must be a list [m, n, k]"
                 raise self.fail(gpath, f"{what}, but got {_got(group)}")
-            values = [self.integer(v, f"{gpath}[{i}]", dims[i]) for i, v in enumerate(group)]
-            for i, (dim, v) in enumerate(zip(dims, values)):
-                if v <= 0:
-                    raise self.fail(f"{gpath}[{i}]", f"{dim} must be > 0, but got {v}")
-                if v >= TABLE_LIMIT:
-                    raise self.fail(f"{gpath}[{i}]",
-                                    f"{dim} must be < 2^31 (the runtime's problem-size table "
-                                    f"holds int32), but got {v}")
+            values = [self.size(v, f"{gpath}[{i}]", dims[i]) for i, v in enumerate(group)]
             at = dict(zip(dims, range(len(dims))))
             n, k = values[at["n"]], values[at["k"]]
-            for arch in archs:
-                cfg = self.families.family_for(arch).config
-                if k % cfg.K_TILE:
-                    raise self.fail(f"{gpath}[{at['k']}]",
-                                    f"k must be a multiple of {cfg.K_TILE} (the {arch} kernel's "
-                                    f"K tile), but got {k}")
-                if n % cfg.N_MULTIPLE:
-                    raise self.fail(f"{gpath}[{at['n']}]",
-                                    f"n must be a multiple of {cfg.N_MULTIPLE} (the {arch} "
-                                    f"kernel's N multiple), but got {n}")
+            self.nk_fits(n, k, archs, f"{gpath}[{at['n']}]", f"{gpath}[{at['k']}]")
             if not dynamic and values[0] * n >= MN_LIMIT:
                 raise self.fail(gpath, f"m * n must be < 2^31 (the kernels index C with 32-bit "
                                        f"offsets), but got {values[0]} * {n} = {values[0] * n}")
             out.append(tuple(values))
         return tuple(out)
+
+    def size(self, value: Any, path: str, dim: str) -> int:
+        """One problem dimension: an int in 1 .. 2^31 - 1 (the device tables hold int32)."""
+        v = self.integer(value, path, dim)
+        if v <= 0:
+            raise self.fail(path, f"{dim} must be > 0, but got {v}")
+        if v >= TABLE_LIMIT:
+            raise self.fail(path, f"{dim} must be < 2^31 (the runtime's problem-size table "
+                                  f"holds int32), but got {v}")
+        return v
+
+    def experts(self, s: dict[str, Any], path: str,
+                archs: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+        """An expert layer's (n, k) groups from `experts: E, n: N, k: K` (issue 26): E
+        identical groups of one dynamic-m set, written without the list."""
+        for key in ("groups", "m"):
+            if key in s:
+                raise self.fail(f"{path}.{key}", f"{key} must not be given with experts (an "
+                                                 f"expert set is `m: dynamic` with E groups "
+                                                 f"[n, k]), but got {_got(s[key])}")
+        for key in ("n", "k"):
+            if key not in s:
+                raise self.fail(path, f"key {key!r} is missing (an expert set gives experts, n "
+                                      "and k)")
+        e = self.integer(s["experts"], f"{path}.experts", "experts")
+        if not 1 <= e <= MAX_GROUPS:
+            raise self.fail(f"{path}.experts", f"experts must be in 1..{MAX_GROUPS}, but got {e}")
+        n = self.size(s["n"], f"{path}.n", "n")
+        k = self.size(s["k"], f"{path}.k", "k")
+        self.nk_fits(n, k, archs, f"{path}.n", f"{path}.k")
+        return tuple((n, k) for _ in range(e))
+
+    def nk_fits(self, n: int, k: int, archs: tuple[str, ...], n_path: str, k_path: str) -> None:
+        """n and k against every arch's kernel family (K tile, N multiple)."""
+        for arch in archs:
+            cfg = self.families.family_for(arch).config
+            if k % cfg.K_TILE:
+                raise self.fail(k_path, f"k must be a multiple of {cfg.K_TILE} (the {arch} "
+                                        f"kernel's K tile), but got {k}")
+            if n % cfg.N_MULTIPLE:
+                raise self.fail(n_path, f"n must be a multiple of {cfg.N_MULTIPLE} (the {arch} "
+                                        f"kernel's N multiple), but got {n}")
 
     def dynamic_m(self, s: dict[str, Any], path: str) -> tuple[bool, int | None]:
         """(dynamic, max_m) from a set's `m` and `max_m` keys."""
@@ -511,7 +538,15 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
         named = (isinstance(name, str) and SET_NAME_RE.match(name) and len(name) <= MAX_SET_NAME
                  and name not in where_named)
         path = f"sets[{name}]" if named else at
-        s = c.mapping(raw, path, "a set", SET_KEYS, required=("name", "groups"))
+        s = c.mapping(raw, path, "a set", SET_KEYS,
+                      required=("name",) if isinstance(raw, dict) and "experts" in raw
+                      else ("name", "groups"))
+        if "experts" not in s:
+            for key in ("n", "k"):
+                if key in s:
+                    raise c.fail(f"{path}.{key}", f"{key} is only allowed with experts (an "
+                                                  f"expert layer: experts, n, k), but got "
+                                                  f"{_got(s[key])}")
         if not isinstance(name, str) or not SET_NAME_RE.match(name):
             raise c.fail(f"{at}.name", "set name must match [A-Za-z0-9_-]+, but got "
                                        f"{_got(name)}")
@@ -539,8 +574,12 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
                     raise c.fail(f"{path}.{key}.{arch}", f"{key} are given for {arch}, but the "
                                                          f"set builds only {list(archs)}")
         builds = c.resolve(path, archs, acc, own_opts, d_opts)
-        dynamic, max_m = c.dynamic_m(s, path)
-        groups = c.groups(s["groups"], f"{path}.groups", archs, dynamic)
+        if "experts" in s:
+            groups = c.experts(s, path, archs)
+            dynamic, max_m = c.dynamic_m({**s, "m": DYNAMIC}, path)
+        else:
+            dynamic, max_m = c.dynamic_m(s, path)
+            groups = c.groups(s["groups"], f"{path}.groups", archs, dynamic)
         c.max_m_fits(max_m, groups, path)
         c.groups_fit(builds, groups, path, own_opts)
         dtypes = (c.out_dtypes(s["out_dtypes"], f"{path}.out_dtypes") if "out_dtypes" in s

@@ -107,14 +107,14 @@ CASES = [
      E + "defaults: unknown key 'group' (allowed keys: archs, acc_stages, options, out_dtypes)"),
     ("    groups: [[40", "    grups: [[40",
      E + "sets[moe_down]: unknown key 'grups'; did you mean 'groups'? (allowed keys: name, "
-     "groups, m, max_m, archs, acc_stages, options, out_dtypes)"),
+     "groups, m, max_m, archs, acc_stages, options, out_dtypes, experts, n, k)"),
     ("tile_m: 64", "tile_k: 64",
      E + "sets[moe_down].options.sm_90a: unknown key 'tile_k'; did you mean 'tile_m'? "
      "(allowed keys: tile_m, fail)"),
     # missing keys
     ("  - name: moe_down\n", "  - nmae: moe_down\n",
      E + "sets[1]: unknown key 'nmae'; did you mean 'name'? (allowed keys: name, groups, m, "
-     "max_m, archs, acc_stages, options, out_dtypes)"),
+     "max_m, archs, acc_stages, options, out_dtypes, experts, n, k)"),
     ("    groups: [[80, 4096, 7168], [176, 4096, 7168]]\n", "",
      E + "sets[moe_gateup]: key 'groups' is missing"),
     ("  archs: [sm_90a, sm_100a]\n", "",
@@ -347,7 +347,7 @@ DYN_CASES = [
      "`m: dynamic` and [n, k] groups), but got a list of 2"),
     ("max_m: 4096", "max_m: 4096\n    m_max: 1",
      D + ": unknown key 'm_max'; did you mean 'max_m'? (allowed keys: name, groups, m, max_m, "
-     "archs, acc_stages, options, out_dtypes)"),
+     "archs, acc_stages, options, out_dtypes, experts, n, k)"),
     ("    m: dynamic\n", "    m: dynamic\n    m: dynamic\n",
      E + "line 13, column 5: duplicate key 'm' (first written on line 12)"),
 ]
@@ -447,3 +447,35 @@ def test_invalid_out_dtypes_message(fams: Families, value: str, message: str) ->
 def test_out_dtype_is_not_an_option(fams: Families) -> None:
     with pytest.raises(SpecError, match=r"unknown key 'out_dtype'"):
         parse(BASE.replace("{sm_90a: {tile_m: 64}}", "{sm_90a: {out_dtype: bfloat16}}"), fams)
+
+
+# ------------------------------------------------------------------ expert layers (issue 26)
+
+
+def test_expert_set_is_a_dynamic_set_of_identical_groups(fams: Families) -> None:
+    text = BASE + "  - name: layer\n    experts: 3\n    n: 256\n    k: 512\n    max_m: 64\n"
+    layer = parse(text, fams).sets[-1]
+    assert layer.dynamic_m and layer.max_m == 64
+    assert layer.groups == ((256, 512), (256, 512), (256, 512))
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("    experts: 2\n    n: 256\n", "sets[layer]: key 'k' is missing (an expert set gives "
+                                      "experts, n and k)"),
+    ("    experts: 0\n    n: 256\n    k: 512\n", "sets[layer].experts: experts must be in "
+                                                  "1..1024, but got 0"),
+    ("    experts: 2\n    n: 256\n    k: 500\n", "sets[layer].k: k must be a multiple of 256 "
+                                                  "(the sm_90a kernel's K tile), but got 500"),
+    ("    experts: 2\n    n: 200\n    k: 512\n", "sets[layer].n: n must be a multiple of 128 "
+                                                  "(the sm_90a kernel's N multiple), but got 200"),
+    ("    experts: 2\n    n: 256\n    k: 512\n    groups: [[256, 512]]\n",
+     "sets[layer].groups: groups must not be given with experts (an expert set is `m: dynamic` "
+     "with E groups [n, k]), but got a list of 1"),
+    ("    groups: [[1, 256, 512]]\n    n: 256\n", "sets[layer].n: n is only allowed with "
+                                                  "experts (an expert layer: experts, n, k), but "
+                                                  "got int 256"),
+])
+def test_invalid_expert_set_message(fams: Families, extra: str, message: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse(BASE + "  - name: layer\n" + extra, fams)
+    assert str(info.value) == f"shapes.yaml: {message}"
