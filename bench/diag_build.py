@@ -9,7 +9,7 @@ applied to the kernel's files under kernels/sm90 there (each edit must match exa
 kernel change that moves the code makes this fail loudly instead of building something else), and
 build_kernels.py runs in that copy. Variants (bench/RESULTS.md, 2026-11-30, has runs of the
 first three):
-  noconv        weight words go to the wgmma fragments unconverted (loads kept)
+  noconv        weight words go to the wgmma fragments unconverted (mainloop kept)
   nomma         no wgmma; the converted fragments are folded into one live register
   half_a        the fp16 A TMA box has tile_m / 2 rows: the L2 traffic of a 2-CTA multicast
   compute_only  no TMA and no pipeline waits or releases: conversion and MMA on stale data
@@ -18,9 +18,9 @@ first three):
   stage_only    no tiles, no grid barrier: A staging and the launch
   empty         no tiles, no barrier, no staging: the launch, setup and teardown
   bare          the kernel returns after its smem check: the launch alone (empty minus bare
-                is the setup and teardown: barriers, descriptor templates, first weight loads)
+                is the setup and teardown: barriers, descriptor templates, first weight mainloop)
   stage_nofence stage_only without the staging's closing proxy fence
-  stage_nostore stage_only without the staging's stores (loads and conversion kept)
+  stage_nostore stage_only without the staging's stores (mainloop and conversion kept)
   nostore       the whole loop without the epilogue's C stores
   mma2x         every step's wgmmas issued twice (the MMA work doubled, the conversion not)
   wait0         each warpgroup waits for its own step's wgmma before converting the next step
@@ -31,7 +31,7 @@ first three):
   nolds         the conversion reads no shared memory: its weight and scale words are made
                 from their addresses (the wgmmas still read A from shared memory)
   sa_nowait     (stream_a builds) the producer never waits for staged A
-  sa_nostore    sa_nowait, and the stagers store nothing (loads and conversion kept)
+  sa_nostore    sa_nowait, and the stagers store nothing (mainloop and conversion kept)
   sa_nofence    the stagers' proxy fence after each iteration dropped (the producer's kept)
   sa_nostage    no staging at all: the tile loop alone, as if A were staged for free
   sa_storers_first  the consumers start after the stagers (a racecheck probe, correct results)
@@ -107,19 +107,20 @@ _PRODUCER_TILES = '''            group, m, _, k = self._group_of(bidx, group, pr
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        prev_slot = Int32(0)
         group = Int32(0)
-        tile = bidx
+        tile = cta.bidx
         # The storers write C'''
 # The storer warps walk the tiles too; without tiles they must not wait for one,
 # nor meet the consumers at the first hand-over (no consumer comes).
 _STORER_TILES = '''            c_free.arrive_and_wait()
         tile = bidx
 '''
-_STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
+_STAGING = "            self._stage_a(cta, mainloop.a16_base, tidx - 32)\n"
 # The producer's weight loads before the grid barrier (first tile): off whenever it takes no tile.
-_PREFETCH = "        if bidx < total_tiles:\n            group, _, _, k = self._group_of("
-_NO_PREFETCH = (STAGED, _PREFETCH, _PREFETCH.replace("bidx < total_tiles", "bidx < 0"))
+_PREFETCH = ("        if cta.bidx < cta.total_tiles:\n"
+             "            group, _, _, k = self._group_of(")
+_NO_PREFETCH = (STAGED, _PREFETCH, _PREFETCH.replace("cta.bidx < cta.total_tiles", "cta.bidx < 0"))
 _GRID_BARRIER = '''        if tidx == 32:
-            self._grid_barrier(grid_barrier.toint(), grid, seen)
+            self._grid_barrier(grid_barrier.toint(), cta.grid, seen)
 '''
 _STAGING_END = '''            c += STAGE_UNROLL * stride
         fence_proxy_async_global()
@@ -128,7 +129,8 @@ _STAGING_END = '''            c += STAGE_UNROLL * stride
 _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
                       _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
 _NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
-             (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
+             (STAGED, _CONSUMER_TILES,
+              _CONSUMER_TILES.replace("tile = cta.bidx", "tile = total_tiles")),
              (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles")
               .replace("            c_free.arrive_and_wait()\n", "            pass\n"))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
@@ -205,17 +207,17 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     # storers reach the C tile's first hand-over before the consumers, as without stream_a: a
     # racecheck probe of the hand-over, not a speed variant.
     "sa_storers_first": [
-        (STAGED, """                self._stage_streamed(lane_tables, num_groups, a16_base,
-                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-""", """                self._stage_streamed(lane_tables, num_groups, a16_base,
-                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
+        (STAGED, """                self._stage_streamed(cta, lane_tables, mainloop.a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32)
+""", """                self._stage_streamed(cta, lane_tables, mainloop.a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32)
                 cute.arch.barrier(barrier_id=7, number_of_threads=STORERS + self.consumer_threads)
 """),
         (STAGED, """                cute.arch.warpgroup_reg_alloc(split[1])
-            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,""",
+            self._consumer_a16(mainloop, cta, tidx - WARPGROUP)""",
          """                cute.arch.warpgroup_reg_alloc(split[1])
             cute.arch.barrier(barrier_id=7, number_of_threads=STORERS + self.consumer_threads)
-            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,"""),
+            self._consumer_a16(mainloop, cta, tidx - WARPGROUP)"""),
     ],
     "sa_nostage": [
         _SA_NOWAIT,

@@ -321,14 +321,14 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         storage = smem.allocate(self.shared_storage)
         # Read by the epilogues through _c_scale (in the CtaContext the roles get).
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
+        # What _context makes the CtaContext of, after each version has set up its pipelines.
+        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
         if cutlass.const_expr(self.a_fp16):
-            self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
-                             alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
-                             bidx, grid)
+            self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
+                             tidx, warp_idx)
         else:
-            self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                            cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
-                            grid)
+            self._kernel_v2((tma_b, tma_a, tma_sfb, tma_sfa), storage, tables_, workspace, tidx,
+                            warp_idx)
 
     @cute.jit
     def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
@@ -339,7 +339,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
-                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid)
+                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid,
+                          num_groups=num_groups)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per

@@ -17,6 +17,7 @@ from cutlass.cute.nvgpu import warpgroup
 from kernels import tables
 
 from . import tma
+from .context import Mainloop, MmaOperands
 from .config import C_ROW_PAD, K_TILE, LANE_GROUPS, SUB_K, register_split_fits
 from .dequant import dequant_chunk
 from .fp4_bits import permuted_chunk
@@ -65,30 +66,28 @@ class StagedA:
     """v3: A staged to fp16 once per call, then the tile loop."""
 
     @cute.jit
-    def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
-                    cta_prefix, alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
-                    bidx, grid) -> None:
+    def _kernel_a16(self, atoms, storage, tables_, workspace, grid_barrier, tidx,
+                    warp_idx) -> None:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile.
-        With stream_a the two overlap (_roles_streamed, streamed.py)."""
+        With stream_a the two overlap (_roles_streamed, streamed.py). `atoms`: the B, fp16 A
+        and weight-scale TMA templates; `tables_`: _context's arguments."""
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)
-        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
-                            grid)
+        cta = self._context(*tables_)
         ws_base = workspace.toint()
-        a16_base = self._past_descriptors(ws_base, grid)
+        a16_base = self._past_descriptors(ws_base, cta.grid)
         if cutlass.const_expr(self.config.trace):
-            a16_base = self._start_trace(workspace, a16_base, tidx, bidx, grid)
-        desc_base = ws_base + self.header_bytes
+            a16_base = self._start_trace(workspace, a16_base, tidx, cta.bidx, cta.grid)
+        mainloop = Mainloop(atoms=atoms, storage=storage, b_pipe=b_pipe, a_pipe=a_pipe,
+                         desc_base=ws_base + self.header_bytes, a16_base=a16_base)
         if cutlass.const_expr(self.config.stream_a):
-            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
-                                 a16_base, grid_barrier.toint(), num_groups, tidx, warp_idx)
+            self._roles_streamed(mainloop, cta, grid_barrier.toint(), tidx, warp_idx)
         else:
-            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
-                                a16_base, grid_barrier, num_groups, tidx, warp_idx)
+            self._roles_barrier(mainloop, cta, grid_barrier, tidx, warp_idx)
 
     def _past_descriptors(self, ws_base, grid) -> Int64:
         """Workspace address past the zeroed header and every CTA's descriptor sets, where the
@@ -97,12 +96,10 @@ class StagedA:
                                                      * tma.TENSORMAP_BYTES)
 
     @cute.jit
-    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
-                        a16_base, header, num_groups, tidx, warp_idx) -> None:
+    def _roles_streamed(self, mainloop, cta, header, tidx, warp_idx) -> None:
         """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
-        then store C tiles, the consumers start at once."""
-        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
-        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
+        then store C tiles, the consumers start at once. `header`: the progress counters'
+        address (the grid_barrier parameter)."""
         # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
         # this CTA happens before the stagers' first count, and CTA 0, which advances it only
         # after every count (acquiring them), cannot make a CTA of this launch see the next
@@ -111,32 +108,26 @@ class StagedA:
         # the barrier (no measurable change on the H200 either way, bench/RESULTS.md, eleventh
         # session).
         epoch = ld_relaxed_gpu_u32(header + EPOCH_OFFSET)
-        lane_tables = self._stager_tables(sizes, ptrs, num_groups, tidx % 32)
+        lane_tables = self._stager_tables(cta, tidx % 32)
         cute.arch.barrier()  # and the pipelines' mbarriers are initialized before any role waits
         split = self._register_split()
         if warp_idx < 4:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_dealloc(split[0])
             if warp_idx == 0:
-                self._producer_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes,
-                                        ptrs, prefix, desc_base, a16_base, header, epoch,
-                                        total_tiles, bidx, grid, num_groups, tidx)
+                self._producer_streamed(mainloop, cta, header, epoch, tidx)
             else:
-                self._stage_streamed(lane_tables, num_groups, a16_base,
-                                     self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-                self._store_tiles(storage, cta, tidx - 32)
+                self._stage_streamed(cta, lane_tables, mainloop.a16_base,
+                                     self._progress_bank(header, epoch), tidx - 32)
+                self._store_tiles(mainloop.storage, cta, tidx - 32)
         else:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_alloc(split[1])
-            self._consumer_a16(self._tiled_mma(), storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                               total_tiles, bidx, grid, tidx - WARPGROUP)
+            self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
 
     @cute.jit
-    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
-                       a16_base, grid_barrier, num_groups, tidx, warp_idx) -> None:
+    def _roles_barrier(self, mainloop, cta, grid_barrier, tidx, warp_idx) -> None:
         """Phase 1 (all warps but warp 0 stage A), the grid barrier, then the roles."""
-        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
-        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         # The grid barrier's generation before this CTA arrives, read now so that its round
         # trip overlaps the staging: it cannot move before every CTA, this one included, has
         # arrived.
@@ -144,21 +135,16 @@ class StagedA:
         if tidx == 32:
             seen = ld_acquire_gpu_u32(grid_barrier.toint() + BARRIER_GENERATION)
         if warp_idx == 0:
-            self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                    prefix, desc_base, a16_base, total_tiles, bidx)
+            self._producer_prologue(mainloop, cta)
         else:
-            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
+            self._stage_a(cta, mainloop.a16_base, tidx - 32)
         cute.arch.barrier()
         if tidx == 32:
-            self._grid_barrier(grid_barrier.toint(), grid, seen)
+            self._grid_barrier(grid_barrier.toint(), cta.grid, seen)
         cute.arch.barrier()
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
-        # Each role is called from two places below: its arguments, written once.
-        producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                         desc_base, a16_base, total_tiles, bidx, grid)
-        consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
         split = self._register_split()
         if cutlass.const_expr(split is not None):
             # The launch splits the register file evenly; the consumers need more. setmaxnreg is
@@ -167,20 +153,20 @@ class StagedA:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
-                    self._producer_a16(*producer_args)
+                    self._producer_a16(mainloop, cta)
                 if warp_idx >= 1:
-                    self._store_tiles(storage, cta, tidx - 32)
+                    self._store_tiles(mainloop.storage, cta, tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_a16(*producer_args)
+                self._producer_a16(mainloop, cta)
             if warp_idx >= 1:
                 if warp_idx < 4:
-                    self._store_tiles(storage, cta, tidx - 32)
+                    self._store_tiles(mainloop.storage, cta, tidx - 32)
             if warp_idx >= 4:
-                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
 
     def _register_split(self) -> tuple[int, int] | None:
         """(producer, consumer) registers per thread after setmaxnreg (REGISTER_SPLITS), or None
@@ -193,7 +179,7 @@ class StagedA:
         return None
 
     @cute.jit
-    def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
+    def _stage_a(self, cta, a16_base, tidx) -> None:
         """Convert every group's A to fp16 at a16_base (groups back to back, rows of k), by
         every thread but warp 0's (`tidx` counts from the first staging thread). Each
         thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
@@ -207,16 +193,17 @@ class StagedA:
         Up to LANE_GROUPS groups, lane g of each warp reads group g's row of the tables and a
         thread finds its chunks' groups by shuffles, so the phase waits on one table read
         instead of a chain of them; more groups walk the tables (_stage_chunks)."""
-        if num_groups <= LANE_GROUPS:
-            self._stage_chunks(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid, True)
+        if cta.num_groups <= LANE_GROUPS:
+            self._stage_chunks(cta, a16_base, tidx, True)
         else:
-            self._stage_chunks(sizes, ptrs, num_groups, a16_base, tidx, bidx, grid, False)
+            self._stage_chunks(cta, a16_base, tidx, False)
 
     @cute.jit
-    def _stage_chunks(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid,
-                      lanes: cutlass.Constexpr) -> None:
+    def _stage_chunks(self, cta, a16_base, tidx, lanes: cutlass.Constexpr) -> None:
         """_stage_a's loop; `lanes`: the groups' table rows are held one per lane (at most
         LANE_GROUPS groups) rather than read by a cursor walking the groups."""
+        sizes, ptrs, num_groups = cta.sizes, cta.ptrs, cta.num_groups
+        bidx, grid = cta.bidx, cta.grid
         stagers = self.threads - 32  # warp 0 runs _producer_prologue meanwhile
         stride = grid * stagers
         lane = tidx % 32
@@ -359,51 +346,50 @@ class StagedA:
         return offset
 
     @cute.jit
-    def _first_tile_prefetch(self, sizes, prefix, total_tiles, bidx) -> tuple:
+    def _first_tile_prefetch(self, cta) -> tuple:
         """(group, weight stages) of this CTA's first tile that _producer_prologue loads before
         the grid barrier: the weights do not depend on phase 1. (-1, 0) without a tile."""
         group = Int32(-1)
         pre = Int32(0)
-        if bidx < total_tiles:
-            group, _, _, k = self._group_of(bidx, Int32(0), prefix, sizes)
+        if cta.bidx < cta.total_tiles:
+            group, _, _, k = self._group_of(cta.bidx, Int32(0), cta.prefix, cta.sizes)
             pre = cutlass.min(Int32(self.stages), k // K_TILE)
         return group, pre
 
     @cute.jit
-    def _producer_prologue(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                           desc_base, a16_base, total_tiles, bidx) -> None:
+    def _producer_prologue(self, mainloop, cta) -> None:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
         group, and that tile's first weight stages in flight while the other warps stage A."""
-        atoms = (tma_b, tma_a16, tma_sfb)
-        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
-        self._copy_templates(atoms, ws, bidx)
+        bidx = cta.bidx
+        ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
+        self._copy_templates(mainloop.atoms, ws, bidx)
         lane0 = None
         if cutlass.const_expr(self.config.trace):
             lane0 = Int32(cute.arch.lane_idx() == 0)
             self._stamp_cta(1, lane0)
-        group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        group, pre = self._first_tile_prefetch(cta)
         if pre > 0:
-            _, m, n, k = self._group_of(bidx, group, prefix, sizes)
-            self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
-                                        m, n, k)
+            _, m, n, k = self._group_of(bidx, group, cta.prefix, cta.sizes)
+            self._patch_descriptors_a16(mainloop, ws, cta, Int32(0), group, m, n, k)
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(2, lane0)
-            _, tile_n_idx = self._tile_coords(bidx, group, prefix, m)
+            _, tile_n_idx = self._tile_coords(bidx, group, cta.prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
             d_b = self._desc(ws, bidx, 0, OP_B)
             d_sfb = self._desc(ws, bidx, 0, OP_SFB)
             for kt in cutlass.range(0, 0 + pre, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
+                b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, kt,
                                           tile_n_idx * self.tile_n)
                 if cutlass.const_expr(self.config.trace):
                     self._stamp_cta(3, lane0 & Int32(kt == 0))
 
     @cute.jit
-    def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace=None) -> Any:
+    def _produce_b(self, mainloop, b_state, d_b, d_sfb, kt, row_b, trace=None) -> Any:
         """One weight stage (packed rows and their scales) into the next b_pipe slot; returns
         the advanced state (the caller rebinds it: the DSL threads loop-carried state through
         plain local variables, not through attributes a helper changes)."""
+        b_pipe, storage = mainloop.b_pipe, mainloop.storage
         b_pipe.producer_acquire(b_state)
         if cutlass.const_expr(trace is not None):
             self._stamp_stage(trace, kt, 0)
@@ -420,10 +406,11 @@ class StagedA:
         return b_state
 
     @cute.jit
-    def _produce_a(self, a_pipe, a_state, d_a, storage, kt, row_a, trace=None) -> Any:
+    def _produce_a(self, mainloop, a_state, d_a, kt, row_a, trace=None) -> Any:
         """The fp16 A tiles of one stage's K (SUB_STEPS slots of the A ring); returns the
         advanced state, as _produce_b."""
-        a16 = storage.a16.data_ptr()
+        a_pipe = mainloop.a_pipe
+        a16 = mainloop.storage.a16.data_ptr()
         for s in cutlass.range_constexpr(SUB_STEPS):
             a_pipe.producer_acquire(a_state)
             if cutlass.const_expr(trace is not None):
@@ -435,48 +422,42 @@ class StagedA:
         return a_state
 
     @cute.jit
-    def _producer_a16(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                      prefix, desc_base, a16_base, total_tiles, bidx, grid,
-                      progress=None) -> None:
+    def _producer_a16(self, mainloop, cta, progress=None) -> None:
         """After the grid barrier; _producer_prologue has copied the templates and loaded the
         first tile's first `pre` weight stages with descriptor set 0. With stream_a there is no
         grid barrier: `progress` (streamed.py) lets each tile's A loads wait for their chunks."""
-        atoms = (tma_b, tma_a16, tma_sfb)
-        ws = cute.make_ptr(Int64, desc_base, cute.AddressSpace.gmem, assumed_align=128)
+        ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.config.a_slots)
-        prev_group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        prev_group, pre = self._first_tile_prefetch(cta)
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
-        b_state, a_state = self._producer_tiles_ahead(
-            atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
-            a16_base, total_tiles, bidx, grid, pre, prev_group,
-            None if progress is None else (progress, sizes, grid))
-        b_pipe.producer_tail(b_state)
-        a_pipe.producer_tail(a_state)
+        b_state, a_state = self._producer_tiles_ahead(mainloop, ws, cta, b_state, a_state, pre,
+                                                      prev_group, progress)
+        mainloop.b_pipe.producer_tail(b_state)
+        mainloop.a_pipe.producer_tail(a_state)
 
     @cute.jit
-    def _tile_loads(self, ws, bidx, desc_set, tile, group, prefix, m, streamed=None) -> tuple:
+    def _tile_loads(self, ws, cta, desc_set, tile, group, m, progress=None) -> tuple:
         """What a tile's loads need: the B, A and weight-scale descriptors of set `desc_set`,
-        the tile's first A row and weight row, and with stream_a (`streamed` = (progress,
-        sizes, grid)) the (progress, A row end, grid) wait for _stage_a_ready, else None."""
-        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
+        the tile's first A row and weight row, and with stream_a (`progress`, streamed.py) the
+        (progress, A row end, grid) wait for _stage_a_ready, else None."""
+        bidx = cta.bidx
+        tile_m_idx, tile_n_idx = self._tile_coords(tile, group, cta.prefix, m)
         d_b = self._desc(ws, bidx, desc_set, OP_B)
         d_a = self._desc(ws, bidx, desc_set, OP_A)
         d_sfb = self._desc(ws, bidx, desc_set, OP_SFB)
         row_a = tile_m_idx * self.tile_m
         row_b = tile_n_idx * self.tile_n
         wait = None
-        if cutlass.const_expr(streamed is not None):
-            progress, sizes, grid = streamed
-            wait = (progress, self._row_end(sizes, group, row_a, m), grid)
+        if cutlass.const_expr(progress is not None):
+            wait = (progress, self._row_end(cta.sizes, group, row_a, m), cta.grid)
         return d_b, d_a, d_sfb, row_a, row_b, wait
 
     @cute.jit
-    def _producer_tiles_ahead(self, atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes,
-                              ptrs, prefix, a16_base, total_tiles, bidx, grid, pre, prev_group,
-                              streamed=None) -> tuple:
+    def _producer_tiles_ahead(self, mainloop, ws, cta, b_state, a_state, pre, prev_group,
+                              progress=None) -> tuple:
         """patch_ahead's tile loop. A tile's loads go in this order: its first A stage (and its
         second weight stage), then the look-ahead (the next tile's group, found by a table walk,
         patched into the next descriptor set), then each weight stage one stage before its A,
@@ -484,6 +465,8 @@ class StagedA:
         waits neither for weights issued after the previous tile's last A slot came free nor
         for the producer's per-tile work (bench/RESULTS.md, tenth session). The first tile's
         first `pre` (>= 1) weight stages come from the prologue. Returns the pipeline states."""
+        sizes, prefix = cta.sizes, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         ready = Int32(0)
         desc_set = Int32(0)
         ahead_set = Int32(0)  # the newest patched set and the group it holds (the prologue's)
@@ -500,14 +483,14 @@ class StagedA:
                 desc_set = ahead_set  # patched while the previous tile loaded
                 prev_group = group
             stages = k // K_TILE
-            d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, bidx, desc_set, tile,
-                                                                   group, prefix, m, streamed)
+            d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, cta, desc_set, tile, group,
+                                                                   m, progress)
             # Stage 0: the second weight stage unless the prologue loaded it, then the A.
             second = cutlass.min(stages - 1, 1) - cutlass.min(cutlass.max(pre - 1, 0), 1)
             for _ in cutlass.range(second, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, 1, row_b, trace)
+                b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, 1, row_b, trace)
             ready = self._stage_a_ready(wait, ready, 0, 0, trace)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, 0, row_a, trace)
+            a_state = self._produce_a(mainloop, a_state, d_a, 0, row_a, trace)
             # The look-ahead, now that the tile's first loads are out.
             next_group, nm, nk = group, m, k
             has_next = Int32(0)
@@ -516,9 +499,9 @@ class StagedA:
                 next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
                 if next_group != ahead_group:
                     ahead_set = self._next_set(ahead_set)
-                    self._patch_descriptors_a16(atoms, ws, bidx, ahead_set, ptrs, sizes,
-                                                next_group, a16_base, nm, nn, nk)
-                    for o in cutlass.range_constexpr(len(atoms)):
+                    self._patch_descriptors_a16(mainloop, ws, cta, ahead_set, next_group, nm, nn,
+                                                nk)
+                    for o in cutlass.range_constexpr(len(mainloop.atoms)):
                         prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
                     ahead_group = next_group
             _, next_tile_n = self._tile_coords(tile + grid, next_group, prefix, nm)
@@ -526,20 +509,18 @@ class StagedA:
             # weight stage one ahead of its A, the next tile's first, and the last A.
             for kt in cutlass.range(1, pre - 1, unroll=1):
                 ready = self._stage_a_ready(wait, ready, kt, 0, None)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+                a_state = self._produce_a(mainloop, a_state, d_a, kt, row_a, trace)
             for kt in cutlass.range(cutlass.max(pre - 1, 1), stages - 1, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt + 1, row_b,
-                                          trace)
+                b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, kt + 1, row_b, trace)
                 ready = self._stage_a_ready(wait, ready, kt, 0, None)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
+                a_state = self._produce_a(mainloop, a_state, d_a, kt, row_a, trace)
             for _ in cutlass.range(has_next, unroll=1):
-                b_state = self._produce_b(b_pipe, b_state, self._desc(ws, bidx, ahead_set, OP_B),
-                                          self._desc(ws, bidx, ahead_set, OP_SFB), storage, 0,
+                b_state = self._produce_b(mainloop, b_state, self._desc(ws, bidx, ahead_set, OP_B),
+                                          self._desc(ws, bidx, ahead_set, OP_SFB), 0,
                                           next_tile_n * self.tile_n)
             for _ in cutlass.range(cutlass.min(stages - 1, 1), unroll=1):  # stages >= 2
                 ready = self._stage_a_ready(wait, ready, stages - 1, 0, None)
-                a_state = self._produce_a(a_pipe, a_state, d_a, storage, stages - 1, row_a,
-                                          trace)
+                a_state = self._produce_a(mainloop, a_state, d_a, stages - 1, row_a, trace)
             group, m, k = next_group, nm, nk
             pre = Int32(1)  # the next tile's first weight stage is on its way
             tile += grid
@@ -557,23 +538,26 @@ class StagedA:
         return ready
 
     @cute.jit
-    def _patch_descriptors_a16(self, atoms, ws, bidx, desc_set, ptrs, sizes, group, a16_base,
-                               m, n, k) -> None:
+    def _patch_descriptors_a16(self, mainloop, ws, cta, desc_set, group, m, n, k) -> None:
+        """Patch set `desc_set` for `group` (m, n, k): its weights, its staged fp16 A and its
+        weight scales."""
+        ptrs, sizes = cta.ptrs, cta.sizes
         row_bytes = k // 2
         scale_k = k // 64
-        a16_ptr = cute.make_ptr(Float16, a16_base + self._a16_offset(sizes, group),
+        a16_ptr = cute.make_ptr(Float16, mainloop.a16_base + self._a16_offset(sizes, group),
                                 cute.AddressSpace.gmem, assumed_align=16)
         tensors = (
             self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),
             cute.make_tensor(a16_ptr, cute.make_layout((m, k), stride=(k, 1))),
             self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
         )
-        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
+        self._install_descriptors(mainloop.atoms, tensors, ws, cta.bidx, desc_set)
 
-    def _consumer_operands(self, tiled_mma, storage, ct) -> tuple:
-        """A consumer thread's view of the tile: the A
-        ring's wgmma fragments, two weight fragments (and their words), the accumulator, its
-        coordinates, k-blocks per step, and the weight stages' shared addresses."""
+    def _consumer_operands(self, tiled_mma, mainloop, ct) -> MmaOperands:
+        """A consumer thread's view of the tile: the A ring's wgmma fragments, two weight
+        fragments (and their words), the accumulator, its coordinates, k-blocks per step, the
+        weight stages' shared addresses and the two pipelines (context.MmaOperands)."""
+        storage = mainloop.storage
         a16_layout = self._a16_layout()
         a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
@@ -587,7 +571,9 @@ class StagedA:
         num_kblocks = cute.size(frag_w[0], mode=[2])
         packed_b = storage.packed_b.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
-        return frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b, scale_b
+        return MmaOperands(tiled_mma=tiled_mma, frag_a=frag_a, frag_w=frag_w, words_w=words_w,
+                           acc=acc, coords=coords, num_kblocks=num_kblocks, packed_b=packed_b,
+                           scale_b=scale_b, b_pipe=mainloop.b_pipe, a_pipe=mainloop.a_pipe)
 
     def _c_tile(self, storage) -> cute.Tensor:
         """async_epilogue's shared C tile: tile_m rows of tile_n fp16, each padded by C_ROW_PAD
@@ -709,45 +695,42 @@ class StagedA:
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
     @cute.jit
-    def _consumer_a16(self, tiled_mma, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
-                      total_tiles, bidx, grid, ct) -> None:
-        (frag_a, frag_w, words_w, acc, coords, num_kblocks, packed_b,
-         scale_b) = self._consumer_operands(tiled_mma, storage, ct)
+    def _consumer_a16(self, mainloop, cta, ct) -> None:
+        """Consumer warpgroups (`ct` 0.. over their threads): each of this CTA's tiles through
+        the K loop, then handed over to the storers (_hand_over_tile)."""
+        total_tiles, grid = cta.total_tiles, cta.grid
+        mma = self._consumer_operands(self._tiled_mma(), mainloop, ct)
 
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                self.config.a_slots)
         prev_slot = Int32(0)
         group = Int32(0)
-        tile = bidx
+        tile = cta.bidx
         # The storers write C, so a tile's k and scale row are all the consumers need: they
         # walk the group table for their first tile only, and each hand-over brings the next
         # tile's from the storers (_store_tiles).
         k = Int32(0)
         scale_row0 = Int32(0)
         if tile < total_tiles:
-            group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
+            group, k, scale_row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
         while tile < total_tiles:
             b_state, a_state, prev_slot, trace = self._tile_k_loop(
-                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
-                ct)
-            k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
+                mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0, ct)
+            k, scale_row0 = self._hand_over_tile(mma.acc, mma.coords, mainloop.storage, trace)
             tile += grid
 
     @cute.jit
-    def _tile_k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b,
-                     scale_b, b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0,
-                     bidx, grid, ct) -> tuple:
+    def _tile_k_loop(self, mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0,
+                     ct) -> tuple:
         """A data-parallel consumer's whole tile (_k_loop over its k), with a trace's tile
         start and K-loop end stamped; returns _k_loop's results and the tile's trace handle."""
         trace = None
         if cutlass.const_expr(self.config.trace):
-            trace = self._trace_tile(tile, bidx, grid, ct == 0)
+            trace = self._trace_tile(tile, cta.bidx, cta.grid, ct == 0)
             self._stamp_tile(trace[0], 0, trace[1])
-        b_state, a_state, prev_slot = self._k_loop(
-            tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b, b_pipe,
-            a_pipe, b_state, a_state, prev_slot, 0, k // K_TILE, scale_row0, ct, trace)
+        b_state, a_state, prev_slot = self._k_loop(mma, b_state, a_state, prev_slot, 0,
+                                                   k // K_TILE, scale_row0, ct, trace)
         if cutlass.const_expr(self.config.trace):
             self._stamp_tile(trace[0], 1, trace[1])
         return b_state, a_state, prev_slot, trace
@@ -761,14 +744,16 @@ class StagedA:
         return group, k, (tile_n_idx * self.tile_n) % 128
 
     @cute.jit
-    def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct,
+    def _k_loop(self, mma, b_state, a_state, prev_slot, kb, ke, scale_row0, ct,
                 trace=None) -> tuple:
         """Weight stages kb..ke-1 of one tile into acc, zeroed first: each 64-K step
-        dequantizes the
-        weights into a register fragment and issues its wgmma on the A ring's slot, one step
-        in flight. Returns the advanced pipeline states and the last A slot, already released
-        (the caller rebinds them, as _produce_b's)."""
+        dequantizes the weights into a register fragment and issues its wgmma on the A ring's
+        slot, one step in flight. Returns the advanced pipeline states and the last A slot,
+        already released (the caller rebinds them, as _produce_b's)."""
+        tiled_mma, acc, frag_a, frag_w, words_w = (mma.tiled_mma, mma.acc, mma.frag_a, mma.frag_w,
+                                                   mma.words_w)
+        num_kblocks, packed_b, scale_b = mma.num_kblocks, mma.packed_b, mma.scale_b
+        b_pipe, a_pipe = mma.b_pipe, mma.a_pipe
         acc.fill(0.0)
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         for kt in cutlass.range(kb, ke, unroll=1):
