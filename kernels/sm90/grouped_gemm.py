@@ -99,6 +99,10 @@ C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
+    # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
+    # thread holds too much); diagnostic subclasses without MMA (bench/diag_kernels.py) clear it.
+    REQUIRE_ASYNC_WGMMA = True
+
     def __init__(self, config: Config) -> None:
         reasons = check(config)
         if reasons:
@@ -155,12 +159,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         atom_b, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_b_smem,
                                                 (tile_n, PACKED_ROW_BYTES))
         if cutlass.const_expr(self.a_fp16):
-            a16_layout = self._a16_layout()
             a16_ph = cute.make_tensor(
                 cute.make_ptr(Float16, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
                 cute.make_layout((_PH_ROWS, _PH_K), stride=(_PH_K, 1)))
-            a16_smem = cute.slice_(a16_layout, (None, None, 0))
-            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem, (tile_m, SUB_K))
+            a16_smem = self._a16_slot_layout()
+            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem,
+                                                    (self._a16_load_rows(), SUB_K))
         else:
             atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
                                                     (tile_m, PACKED_ROW_BYTES))
@@ -279,6 +283,14 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
                                              (self.tile_n, self.tile_m, SUB_K), Float16,
                                              self.config.a_slots)
+
+    def _a16_load_rows(self) -> int:
+        """A rows per fp16 A TMA load: the whole tile (a diagnostic subclass may load less)."""
+        return self.tile_m
+
+    def _a16_slot_layout(self) -> Any:
+        """The shared layout one fp16 A TMA load fills: one slot of the ring."""
+        return cute.slice_(self._a16_layout(), (None, None, 0))
 
     @staticmethod
     def _packed_layout(rows: int) -> Any:
@@ -442,16 +454,18 @@ def _check_dsl_arch(arch: str) -> None:
             f"CUTE_DSL_ARCH must be {arch!r} before cutlass is imported, but got {env_arch!r}")
 
 
-def compile_kernel(config: Config, *, arch: str,
-                   groups: list[tuple[int, int, int]]) -> CompiledKernel:
-    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves)."""
+def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, int]],
+                   kernel_class: type[Sm90GroupedGemm] = Sm90GroupedGemm) -> CompiledKernel:
+    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
+    `kernel_class`: a subclass overriding some roles, for diagnostic builds only
+    (bench/diag_build.py); the shipped kernels are Sm90GroupedGemm's."""
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
     reasons = check_groups(config, [g[-1] for g in groups])
     if reasons:
         raise ValueError("; ".join(reasons))
-    gemm = Sm90GroupedGemm(config)
+    gemm = kernel_class(config)
     i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
     i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
     ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
@@ -471,7 +485,8 @@ def compile_kernel(config: Config, *, arch: str,
         require_no_stack_frame(cubin, symbols[0],
                                "every role should fit its registers: check ptxas did not ignore "
                                "setmaxnreg ('ignored to maintain minimum register requirements')")
-    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
+    if gemm.REQUIRE_ASYNC_WGMMA:
+        require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
     # Record what the DSL's own launcher would use, and check it against the kernel's own view.
     launch = lowered_launch(compiled)
     block = ptx_reqntid(ptx, symbols[0])

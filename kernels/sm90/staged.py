@@ -76,7 +76,7 @@ class StagedA:
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
-                                    self.tile_m * SUB_K * 2)
+                                    self._a16_load_rows() * SUB_K * 2)
         cta = self._context(*tables_)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, cta.grid)
@@ -272,6 +272,11 @@ class StagedA:
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd,
                                tidx)
             c += STAGE_UNROLL * stride
+        self._publish_staged()
+
+    def _publish_staged(self) -> None:
+        """After a thread's staging stores (generic proxy): the TMA loads of the fp16 A (async
+        proxy) may follow, once a barrier or a release orders them."""
         fence_proxy_async_global()
 
     @cute.jit
@@ -750,12 +755,10 @@ class StagedA:
         dequantizes the weights into a register fragment and issues its wgmma on the A ring's
         slot, one step in flight. Returns the advanced pipeline states and the last A slot,
         already released (the caller rebinds them, as _produce_b's)."""
-        tiled_mma, acc, frag_a, frag_w, words_w = (mma.tiled_mma, mma.acc, mma.frag_a, mma.frag_w,
-                                                   mma.words_w)
-        num_kblocks, packed_b, scale_b = mma.num_kblocks, mma.packed_b, mma.scale_b
+        packed_b, scale_b, words_w = mma.packed_b, mma.scale_b, mma.words_w
         b_pipe, a_pipe = mma.b_pipe, mma.a_pipe
-        acc.fill(0.0)
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        mma.acc.fill(0.0)
+        mma.tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         for kt in cutlass.range(kb, ke, unroll=1):
             b_pipe.consumer_wait(b_state)
             stage = b_state.index
@@ -785,9 +788,7 @@ class StagedA:
                     self._stamp_step(trace, kt, s, 1)
                 slot = a_state.index
                 warpgroup.fence()
-                for kblk in cutlass.range_constexpr(num_kblocks):
-                    cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
-                              frag_a[None, None, kblk, slot], acc)
+                self._step_mma(mma, s, slot)
                 warpgroup.commit_group()
                 if cutlass.const_expr(trace is not None):
                     self._stamp_step(trace, kt, s, 2)
@@ -807,3 +808,11 @@ class StagedA:
         warpgroup.wait_group(0)
         a_pipe.consumer_release(_Slot(prev_slot))
         return b_state, a_state, prev_slot
+
+    @cute.jit
+    def _step_mma(self, mma, s: cutlass.Constexpr, slot) -> None:
+        """Issue one 64-K step's wgmmas: the weights converted into frag_w[s % 2] times the A
+        ring's `slot`, into the accumulator (the caller fences and commits)."""
+        for kblk in cutlass.range_constexpr(mma.num_kblocks):
+            cute.gemm(mma.tiled_mma, mma.acc, mma.frag_w[s % 2][None, None, kblk],
+                      mma.frag_a[None, None, kblk, slot], mma.acc)

@@ -111,7 +111,7 @@ class StreamedA:
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(7, Int32(it == 0) & Int32(st == 0))
-            fence_proxy_async_global()
+            self._publish_staged()
             cute.arch.sync_warp()
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(8, Int32(it == 0) & Int32(st == 0))
