@@ -26,10 +26,10 @@ from kernels import tables
 from kernels.sm90 import grouped_gemm
 from kernels.sm90.config import C_ROW_PAD, SUB_K
 from kernels.sm90.dequant import dequant_chunk, scales_w
+from kernels.sm90.epilogue import STORERS
 from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word, permuted_chunk
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 from kernels.sm90.ptx import ld_shared_v4, prmt, select_bits, shl, st_global_v4
-from kernels.sm90.staged import STORERS
 from kernels.sm90.staging import PAIR_SEND, PAIR_STORES, pair_store_offset
 from kernels.sm90.structure import PACKED_ROW_BYTES, SUB_STEPS
 

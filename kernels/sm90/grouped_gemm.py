@@ -46,8 +46,8 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
-are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
+are mixins: staged.py (v3: the role dispatch, phase 1 and the grid barrier), producer.py,
+consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
 registers, both versions); structure.py has the layout constants they share. Bit tricks live
 in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
@@ -75,11 +75,14 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .context import CtaContext
+from .consumer import TileConsumer
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
                      smem_bytes)
+from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
+from .producer import TileProducer
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
 from .staging import STREAM_HEADER_BYTES
@@ -96,7 +99,8 @@ _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps):
+class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA, PerTileA,
+                      WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
