@@ -77,7 +77,7 @@ from . import tma
 from .context import CtaContext
 from .consumer import TileConsumer
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
+                     TRACE_BYTES, Config, c_tile_bytes, can_implement, scale_blocks,
                      smem_bytes)
 from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
@@ -108,7 +108,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
     REQUIRE_ASYNC_WGMMA = True
 
     def __init__(self, config: Config) -> None:
-        reasons = check(config)
+        reasons = self.can_implement(config)
         if reasons:
             raise ValueError("; ".join(reasons))
         self.config = config
@@ -134,6 +134,12 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
                              if config.a_fp16 else 0)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
+
+    @staticmethod
+    def can_implement(config: Config, ks: list[int] | None = None) -> list[str]:
+        """Reasons this kernel cannot be built for `config` (and serve groups of k `ks`);
+        config.can_implement, the rules shapes.yaml validation uses too."""
+        return can_implement(config, ks)
 
     # ------------------------------------------------------------------ host (trace time)
     @cute.jit
@@ -466,7 +472,7 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
-    reasons = check_groups(config, [g[-1] for g in groups])
+    reasons = kernel_class.can_implement(config, [g[-1] for g in groups])
     if reasons:
         raise ValueError("; ".join(reasons))
     gemm = kernel_class(config)
