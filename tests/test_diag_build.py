@@ -1,5 +1,5 @@
-"""bench/diag_build.py: its edits must keep matching the kernel they patch, and a diagnostic
-build must come out as described (checked in its SASS)."""
+"""bench/diag_build.py and bench/diag_kernels.py: every variant overrides roles the shipped
+kernel still has, and a diagnostic build comes out as described (checked in its SASS)."""
 
 from __future__ import annotations
 
@@ -15,32 +15,44 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import diag_build
 
-SOURCES = diag_build.kernel_sources(ROOT)
+NEEDS_DSL = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
+                               reason="needs nvidia-cutlass-dsl")
 
 
-@pytest.mark.parametrize("variant", sorted(diag_build.VARIANTS))
-def test_every_edit_matches_the_kernel_once(variant: str) -> None:
-    out = diag_build.patched(SOURCES, variant)
-    assert out != SOURCES
-    for name, old, new in diag_build.VARIANTS[variant]:
-        assert out[name].count(old) == 0 or old in new
-
-
-def test_unknown_variant_and_moved_code_are_errors() -> None:
+def test_unknown_variant_is_an_error() -> None:
     with pytest.raises(ValueError) as info:
-        diag_build.patched(SOURCES, "fast")
+        diag_build.build_env("fast")
     assert str(info.value) == ("variant must be one of ['bare', 'compute_only', 'empty', 'half_a', "
                                "'mma2x', 'noconv', 'nohmul', 'nolds', 'nomma', 'nostore', "
                                "'phase1_only', 'sa_nofence', 'sa_nostage', 'sa_nostore', "
                                "'sa_nowait', 'sa_storers_first', 'stage_nofence', "
                                "'stage_nostore', 'stage_only', 'sync_only', 'wait0'], but got "
                                "'fast'")
-    moved = dict(SOURCES, **{"weights.py": SOURCES["weights.py"].replace(
-        "d_lo = dequant_word_w(lo, both, 0)", "d_lo = dequant_word_w(lo, both, 0) ")})
-    with pytest.raises(ValueError, match=r"^noconv edit 0 matches 0 places in "
-                                         r"kernels/sm90/weights.py, expected 1 \(the kernel "
-                                         r"changed: update bench/diag_build.py\)"):
-        diag_build.patched(moved, "noconv")
+
+
+def test_the_build_runs_the_variant_through_the_families_hook() -> None:
+    env = diag_build.build_env("noconv")
+    assert env["NVFP4_BUILD_FAMILIES"] == "diag_families"
+    assert env[diag_build.ENV_VARIANT] == "noconv"
+    assert env["PYTHONPATH"].split(":")[:2] == [str(ROOT / "bench"), str(ROOT)]
+
+
+@NEEDS_DSL
+def test_every_variant_overrides_roles_the_shipped_kernel_has() -> None:
+    import diag_kernels
+    from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+
+    assert sorted(diag_kernels.PARTS) == sorted(diag_build.VARIANTS)
+    assert diag_kernels.ENV_VARIANT == diag_build.ENV_VARIANT
+    for name in diag_kernels.PARTS:
+        overridden = diag_kernels.overrides(name)
+        assert overridden, name
+        # A renamed role would leave the override unused: the variant would be the kernel.
+        missing = [attr for attr in overridden if not hasattr(Sm90GroupedGemm, attr)]
+        assert not missing, (name, missing)
+        klass = diag_kernels.variant_class(name)
+        assert issubclass(klass, Sm90GroupedGemm)
+        assert all(getattr(klass, a) is not getattr(Sm90GroupedGemm, a) for a in overridden)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs nvidia-cutlass-dsl")

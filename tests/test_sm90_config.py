@@ -7,8 +7,8 @@ import pytest
 from conftest import NEEDS_DSL
 
 from kernels.sm90.config import (C_ROW_PAD, LANE_GROUPS, SMEM_LIMIT, Config, c_tile_bytes,
-                                 check, check_groups, launch_registers, register_split_fits,
-                                 scale_blocks, smem_bytes)
+                                 can_implement, check, check_groups, launch_registers,
+                                 register_split_fits, scale_blocks, smem_bytes)
 
 
 # The v2 kernel (shapes.yaml's mixed_v2): the v3-only options off.
@@ -189,6 +189,16 @@ def test_stream_a_groups_need_one_k_and_at_most_32(ks: list[int], reasons: list[
 def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
     assert check_groups(Config(), ks) == []
     assert check_groups(Config(**V2), ks) == []
+
+
+@pytest.mark.parametrize("config, ks", [
+    (Config(), None), (Config(), [256, 512]), (Config(stream_a=True), [256, 512]),
+    (Config(tile_m=7, stream_a=True), [256] * 40), (Config(**V2, tile_n=192), [2048]),
+])
+def test_can_implement_is_check_then_check_groups(config: Config, ks: list[int] | None) -> None:
+    """One legality function: the builder's two halves, in order, and nothing else."""
+    whole = check(config) + ([] if ks is None else check_groups(config, ks))
+    assert can_implement(config, ks) == whole
 
 
 @pytest.mark.parametrize("warpgroups, producer, consumer, fits", [

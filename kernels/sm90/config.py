@@ -135,6 +135,14 @@ C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid 
 LANE_GROUPS = 32
 
 
+def can_implement(config: Config, ks: list[int] | None = None) -> list[str]:
+    """Every reason the kernel cannot be built for `config` or, given its groups' k (in order),
+    cannot serve them; empty when it can. The one legality function: the builder asks its two
+    halves apart (check per set's options, check_groups per set's groups), the kernel class
+    (Sm90GroupedGemm.can_implement) and compile_kernel ask it whole."""
+    return check(config) + ([] if ks is None else check_groups(config, ks))
+
+
 def check_groups(config: Config, ks: list[int]) -> list[str]:
     """Reasons the config cannot serve groups of these k (in order); empty when it can."""
     reasons = []

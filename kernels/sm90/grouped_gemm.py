@@ -46,8 +46,8 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
-are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
+are mixins: staged.py (v3: the role dispatch, phase 1 and the grid barrier), producer.py,
+consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
 registers, both versions); structure.py has the layout constants they share. Bit tricks live
 in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
@@ -75,11 +75,14 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
 
 from . import tma
 from .context import CtaContext
+from .consumer import TileConsumer
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
+                     TRACE_BYTES, Config, c_tile_bytes, can_implement, scale_blocks,
                      smem_bytes)
+from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
+from .producer import TileProducer
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
 from .staging import STREAM_HEADER_BYTES
@@ -96,11 +99,16 @@ _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps):
+class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA, PerTileA,
+                      WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
+    # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
+    # thread holds too much); diagnostic subclasses without MMA (bench/diag_kernels.py) clear it.
+    REQUIRE_ASYNC_WGMMA = True
+
     def __init__(self, config: Config) -> None:
-        reasons = check(config)
+        reasons = self.can_implement(config)
         if reasons:
             raise ValueError("; ".join(reasons))
         self.config = config
@@ -126,6 +134,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
                              if config.a_fp16 else 0)
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
+
+    @staticmethod
+    def can_implement(config: Config, ks: list[int] | None = None) -> list[str]:
+        """Reasons this kernel cannot be built for `config` (and serve groups of k `ks`);
+        config.can_implement, the rules shapes.yaml validation uses too."""
+        return can_implement(config, ks)
 
     # ------------------------------------------------------------------ host (trace time)
     @cute.jit
@@ -155,12 +169,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         atom_b, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_b_smem,
                                                 (tile_n, PACKED_ROW_BYTES))
         if cutlass.const_expr(self.a_fp16):
-            a16_layout = self._a16_layout()
             a16_ph = cute.make_tensor(
                 cute.make_ptr(Float16, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
                 cute.make_layout((_PH_ROWS, _PH_K), stride=(_PH_K, 1)))
-            a16_smem = cute.slice_(a16_layout, (None, None, 0))
-            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem, (tile_m, SUB_K))
+            a16_smem = self._a16_slot_layout()
+            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem,
+                                                    (self._a16_load_rows(), SUB_K))
         else:
             atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
                                                     (tile_m, PACKED_ROW_BYTES))
@@ -280,6 +294,14 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
                                              (self.tile_n, self.tile_m, SUB_K), Float16,
                                              self.config.a_slots)
 
+    def _a16_load_rows(self) -> int:
+        """A rows per fp16 A TMA load: the whole tile (a diagnostic subclass may load less)."""
+        return self.tile_m
+
+    def _a16_slot_layout(self) -> Any:
+        """The shared layout one fp16 A TMA load fills: one slot of the ring."""
+        return cute.slice_(self._a16_layout(), (None, None, 0))
+
     @staticmethod
     def _packed_layout(rows: int) -> Any:
         """Packed fp4 rows of 128 bytes, 128B-swizzled so 8 rows x 16 B reads hit 32 banks."""
@@ -321,14 +343,14 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         storage = smem.allocate(self.shared_storage)
         # Read by the epilogues through _c_scale (in the CtaContext the roles get).
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
+        # What _context makes the CtaContext of, after each version has set up its pipelines.
+        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
         if cutlass.const_expr(self.a_fp16):
-            self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
-                             alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
-                             bidx, grid)
+            self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
+                             tidx, warp_idx)
         else:
-            self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                            cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
-                            grid)
+            self._kernel_v2((tma_b, tma_a, tma_sfb, tma_sfa), storage, tables_, workspace, tidx,
+                            warp_idx)
 
     @cute.jit
     def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
@@ -339,7 +361,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
-                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid)
+                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid,
+                          num_groups=num_groups)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -441,16 +464,18 @@ def _check_dsl_arch(arch: str) -> None:
             f"CUTE_DSL_ARCH must be {arch!r} before cutlass is imported, but got {env_arch!r}")
 
 
-def compile_kernel(config: Config, *, arch: str,
-                   groups: list[tuple[int, int, int]]) -> CompiledKernel:
-    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves)."""
+def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, int]],
+                   kernel_class: type[Sm90GroupedGemm] = Sm90GroupedGemm) -> CompiledKernel:
+    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
+    `kernel_class`: a subclass overriding some roles, for diagnostic builds only
+    (bench/diag_build.py); the shipped kernels are Sm90GroupedGemm's."""
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
-    reasons = check_groups(config, [g[-1] for g in groups])
+    reasons = kernel_class.can_implement(config, [g[-1] for g in groups])
     if reasons:
         raise ValueError("; ".join(reasons))
-    gemm = Sm90GroupedGemm(config)
+    gemm = kernel_class(config)
     i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
     i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
     ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
@@ -470,7 +495,8 @@ def compile_kernel(config: Config, *, arch: str,
         require_no_stack_frame(cubin, symbols[0],
                                "every role should fit its registers: check ptxas did not ignore "
                                "setmaxnreg ('ignored to maintain minimum register requirements')")
-    require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
+    if gemm.REQUIRE_ASYNC_WGMMA:
+        require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
     # Record what the DSL's own launcher would use, and check it against the kernel's own view.
     launch = lowered_launch(compiled)
     block = ptx_reqntid(ptx, symbols[0])

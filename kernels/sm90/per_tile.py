@@ -27,31 +27,31 @@ class PerTileA:
     """v2: the consumers convert A per tile as well as the weights."""
 
     @cute.jit
-    def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                   cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
-                   grid) -> None:
+    def _kernel_v2(self, atoms, storage, tables_, workspace, tidx, warp_idx) -> None:
+        """One TMA pipeline for packed A and B and both scales; warp 0 produces, the consumer
+        warpgroups convert both operands. `atoms`: the B, A, weight-scale and A-scale TMA
+        templates; `tables_`: _context's arguments."""
         mainloop = self._tma_pipeline(
             storage.mbar, self.stages,
             (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
 
-        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
-                            grid)
-        sizes, ptrs, prefix, total_tiles = cta.sizes, cta.ptrs, cta.prefix, cta.total_tiles
+        cta = self._context(*tables_)
 
         # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
         # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
         # in the producer path, which patches descriptors with 64-bit values.
         if warp_idx == 0:
-            self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
-                           prefix, workspace, total_tiles, bidx, grid)
+            self._producer(atoms, storage, mainloop, cta, workspace)
         if warp_idx >= 4:
             self._consumer(self._tiled_mma(), self._fp16_a_layout(), storage, mainloop, cta,
                            tidx - 128)
 
     @cute.jit
-    def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
-                  workspace, total_tiles, bidx, grid) -> None:
-        atoms = (tma_b, tma_a, tma_sfb, tma_sfa)
+    def _producer(self, atoms, storage, mainloop, cta, workspace) -> None:
+        """Warp 0: for each tile, patch the descriptors on a group change and load its K
+        stages (both operands' packed rows and scales) into `mainloop`."""
+        sizes, prefix = cta.sizes, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         ws = cute.make_ptr(Int64, workspace.toint(), cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(atoms, ws, bidx)
 
@@ -68,7 +68,7 @@ class PerTileA:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             if group != prev_group:
                 desc_set = self._next_set(desc_set)
-                self._patch_descriptors(atoms, ws, bidx, desc_set, ptrs, group, m, n, k)
+                self._patch_descriptors(atoms, ws, cta, desc_set, group, m, n, k)
                 prev_group = group
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             d_b = self._desc(ws, bidx, desc_set, OP_B)
@@ -96,8 +96,9 @@ class PerTileA:
         mainloop.producer_tail(state)
 
     @cute.jit
-    def _patch_descriptors(self, atoms, ws, bidx, desc_set, ptrs, group, m, n, k) -> None:
+    def _patch_descriptors(self, atoms, ws, cta, desc_set, group, m, n, k) -> None:
         """Point this CTA's descriptor set at group `group` (whole warp; one lane writes)."""
+        ptrs = cta.ptrs
         row_bytes = k // 2
         scale_k = k // 64  # 512-byte atoms per 128-row block
         tensors = (
@@ -106,7 +107,7 @@ class PerTileA:
             self._scale_tensor(ptrs[group, tables.PTR_SFB], n, scale_k),
             self._scale_tensor(ptrs[group, tables.PTR_SFA], m, scale_k),
         )
-        self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
+        self._install_descriptors(atoms, tensors, ws, cta.bidx, desc_set)
 
     @cute.jit
     def _consumer(self, tiled_mma, fa_layout, storage, mainloop, cta, ct) -> None:

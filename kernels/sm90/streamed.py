@@ -56,21 +56,22 @@ class StreamedA:
         return rows
 
     @cute.jit
-    def _stager_tables(self, sizes, ptrs, num_groups, lane) -> tuple:
+    def _stager_tables(self, cta, lane) -> tuple:
         """What lane g of a stager warp reads of group g (staged.py's _stage_chunks, with rows
         instead of chunks): (k, A pointer, scale pointer, m). Read before the CTA's first
         barrier, so these loads' round trip overlaps the barrier and the other roles' start."""
-        own = cutlass.min(lane, num_groups - 1)
+        sizes, ptrs = cta.sizes, cta.ptrs
+        own = cutlass.min(lane, cta.num_groups - 1)
         return (sizes[0, tables.COL_K],  # one k for all groups (config.check_groups)
                 ptrs[own, tables.PTR_A], ptrs[own, tables.PTR_SFA], sizes[own, tables.COL_M])
 
     @cute.jit
-    def _stage_streamed(self, lane_tables, num_groups, a16_base, bank, st, bidx,
-                        grid) -> None:
+    def _stage_streamed(self, cta, lane_tables, a16_base, bank, st) -> None:
         """Warps 1..3 (`st` 0..95): stage every group's A in K-slab order, STREAM_UNROLL chunks
         per thread per iteration (a grid-stride loop over the call's chunks); each warp counts
         each iteration in `bank` of the progress header once its lanes have written it.
         `lane_tables`: _stager_tables of this lane."""
+        num_groups, bidx, grid = cta.num_groups, cta.bidx, cta.grid
         lane = st % 32
         # Lane g holds group g: its rows [first_l, end_l) among all groups' rows, its A and
         # scale pointers.
@@ -110,7 +111,7 @@ class StreamedA:
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(7, Int32(it == 0) & Int32(st == 0))
-            fence_proxy_async_global()
+            self._publish_staged()
             cute.arch.sync_warp()
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(8, Int32(it == 0) & Int32(st == 0))
@@ -186,20 +187,16 @@ class StreamedA:
             st_relaxed_gpu_u32(header + EPOCH_OFFSET, epoch + Uint32(1))
 
     @cute.jit
-    def _producer_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                           prefix, desc_base, a16_base, header, epoch, total_tiles, bidx, grid,
-                           num_groups, lane) -> None:
+    def _producer_streamed(self, mainloop, cta, header, epoch, lane) -> None:
         """Warp 0 with stream_a: the prologue (descriptor templates, first weight stages), the
         tile loop with waits for staged A, and CTA 0's upkeep of the header."""
-        self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                                desc_base, a16_base, total_tiles, bidx)
-        rows = self._rows_before(sizes, num_groups)
-        per_iter, iterations = self._stream_iterations(rows, sizes[0, tables.COL_K], grid)
+        self._producer_prologue(mainloop, cta)
+        rows = self._rows_before(cta.sizes, cta.num_groups)
+        per_iter, iterations = self._stream_iterations(rows, cta.sizes[0, tables.COL_K], cta.grid)
         progress = (self._progress_bank(header, epoch), rows, per_iter, iterations)
-        self._producer_a16(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                           prefix, desc_base, a16_base, total_tiles, bidx, grid, progress)
-        if bidx == 0:
-            self._finish_progress(progress, epoch, header, grid, lane)
+        self._producer_a16(mainloop, cta, progress)
+        if cta.bidx == 0:
+            self._finish_progress(progress, epoch, header, cta.grid, lane)
 
 
 assert PROGRESS_SLOTS == 32, "_finish_progress zeroes one slot per lane"
