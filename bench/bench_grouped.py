@@ -39,11 +39,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import runtime  # noqa: E402
-from runtime.nvfp4 import (  # noqa: E402
+import runtime
+from runtime.nvfp4 import (
+    EXACT_DATA,
     check_close,
     dequantize_nvfp4,
-    EXACT_DATA,
     make_grouped_problem,
     reference_grouped_gemm,
 )
@@ -135,7 +135,6 @@ def measure_ceilings() -> tuple[float, float]:
     g = capture(lambda: dst.copy_(src))
     us = time_graphs([g], 30)
     gbs = 2 * src.numel() / us / 1e3
-    del a, b, c, src, dst
     return tflops, gbs
 
 
@@ -262,7 +261,7 @@ def bench_set(v: Variant, name: str, groups: list, reps: int, ceilings,
             t_grouped = time_graphs([capture(lambda q=q: torch._grouped_mm(q[0], q[1],
                                                                            offs=q[2]))
                                      for q in packs], reps)
-        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
+        except Exception as exc:
             print(f"  {name}: torch._grouped_mm unavailable: {exc}".splitlines()[0])
     row.update(cublas_us=t_cublas, grouped_mm_us=t_grouped)
     return row
@@ -340,7 +339,7 @@ def main() -> int:
               f"{'ok' if r['ok'] else 'WRONG'}")
     base = [r for r in rows if r["set"] in BASE_SETS]
     if base:
-        geo = lambda key: math.exp(statistics.mean(math.log(r[key]) for r in base))  # noqa: E731
+        geo = lambda key: math.exp(statistics.mean(math.log(r[key]) for r in base))
         print(f"{'geomean(4)':12s} {geo('ours_us'):8.1f} {'':8s} {'':7s} {geo('cublas_us'):8.1f} "
               f"{geo('cublas_us') / geo('ours_us'):5.2f}")
     if args.json:

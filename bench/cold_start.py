@@ -142,7 +142,7 @@ def _dsl_version() -> str:
         import importlib.metadata
 
         return importlib.metadata.version("nvidia-cutlass-dsl")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "?"
 
 

@@ -188,7 +188,7 @@ class _ConsumerNoSync:
                 trace=None) -> tuple:
         mma.acc.fill(0.0)
         mma.tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-        for kt in cutlass.range(kb, ke, unroll=1):
+        for kt in cutlass.range(kb, ke, unroll=1):  # noqa: B007 - the DSL loop counts K tiles; the body uses its state
             stage = b_state.index
             stage_b = mma.packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
             stage_s = mma.scale_b + stage * self.sfb_stage_bytes

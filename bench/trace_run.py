@@ -34,13 +34,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import runtime  # noqa: E402
-from bench_grouped import ALL_SETS, input_sets  # noqa: E402
-from kernels.sm90.config import (K_TILE, SUB_K, TRACE_BYTES, TRACE_CONSUMER_BYTES,  # noqa: E402
-                                 TRACE_CTA_EVENTS, TRACE_GLOBAL_EVENTS, TRACE_PRODUCER_BYTES,
-                                 TRACE_STAGE_EVENTS, TRACE_STAGES, TRACE_STEP_EVENTS,
-                                 TRACE_TILE_EVENTS, TRACE_TILES)
-from runtime.plan import cta_prefix  # noqa: E402
+from bench_grouped import ALL_SETS, input_sets
+
+import runtime
+from kernels.sm90.config import (
+    K_TILE,
+    SUB_K,
+    TRACE_BYTES,
+    TRACE_CONSUMER_BYTES,
+    TRACE_CTA_EVENTS,
+    TRACE_GLOBAL_EVENTS,
+    TRACE_PRODUCER_BYTES,
+    TRACE_STAGE_EVENTS,
+    TRACE_STAGES,
+    TRACE_STEP_EVENTS,
+    TRACE_TILE_EVENTS,
+    TRACE_TILES,
+)
+from runtime.plan import cta_prefix
 
 SUB_STEPS = K_TILE // SUB_K
 

@@ -77,7 +77,7 @@ class DirLock:
         self.on_wait = on_wait
         self.fd: int | None = None
 
-    def __enter__(self) -> DirLock:  # noqa: PYI034 - Self needs Python 3.11
+    def __enter__(self) -> DirLock:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + self.timeout

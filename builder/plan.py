@@ -33,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BuildError
 from kernels.families import OWN_KEYS
 from runtime.manifest import kernel_name
 
+from .errors import BuildError
 from .families import DEFAULT_MODULE, Families, load_families
 from .spec import ShapeSpec
 
@@ -205,7 +205,8 @@ def item_key(inputs: dict[str, Any]) -> str:
 
 
 def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> list[BuildItem]:
-    """One item per (set, arch, acc stage, out dtype), sorted by kernel name (the manifest's order)."""
+    """One item per (set, arch, acc stage, out dtype), sorted by kernel name (the manifest's
+    order)."""
     env = {"builder": BUILDER_VERSION, "python": python_version(), "dsl": dsl_versions()}
     prints: dict[str, str] = {}
     items = []

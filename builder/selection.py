@@ -18,7 +18,7 @@ from pathlib import Path
 
 from runtime.manifest import Manifest
 
-from .errors import BuildError, BuilderError
+from .errors import BuilderError, BuildError
 from .plan import BuildItem
 
 

@@ -28,10 +28,11 @@ Every set builds one kernel per (arch, acc stage, output dtype). `out_dtypes` li
 types C can be written in (`bfloat16`, `float16`; default both): the runtime picks the kernel by
 the call's output dtype, and the manifest records each kernel's `out_dtype`.
 
-A set's archs, acc_stages and out_dtypes replace the defaults; its options are merged over the defaults'
-options of the same arch, key by key. An arch with no acc_stages gets its family's default config.
-Every legality rule comes from the family (`kernels.<family>.config`), the same rules the builder
-and the kernels use, so the file is rejected here rather than minutes into a compile.
+A set's archs, acc_stages and out_dtypes replace the defaults; its options are merged over the
+defaults' options of the same arch, key by key. An arch with no acc_stages gets its family's
+default config. Every legality rule comes from the family (`kernels.<family>.config`), the same
+rules the builder and the kernels use, so the file is rejected here rather than minutes into a
+compile.
 """
 
 from __future__ import annotations

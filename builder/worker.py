@@ -122,7 +122,7 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
             raise
         result.update(ok=False, error={"type": "NoSpace", "message": "no space left on device "
                                        f"while writing {exc.filename or out_dir}", "traceback": ""})
-    except Exception as exc:  # noqa: BLE001 - recorded per item; the others still build
+    except Exception as exc:
         tail = traceback.format_exc().strip().splitlines()[-TRACEBACK_LINES:]
         result.update(ok=False, error={"type": type(exc).__name__, "message": str(exc),
                                        "traceback": "\n".join(tail)})
@@ -142,7 +142,7 @@ def run_job(job: dict[str, Any], proto: Any) -> int:
     else:
         try:
             family = load_families(job.get("families")).family_for(arch)
-        except Exception as exc:  # noqa: BLE001 - reported as every item's error
+        except Exception as exc:
             setup_error = exc
     failed = 0
     for item in items:

@@ -44,9 +44,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import runtime  # noqa: E402
-from runtime.nvfp4 import SF_VEC, fp4_to_float, pack_fp4, to_blocked  # noqa: E402
-from runtime.nvfp4 import _round_to_e2m1_codes  # noqa: E402
+import runtime
+from runtime.nvfp4 import (
+    SF_VEC,
+    _round_to_e2m1_codes,
+    fp4_to_float,
+    pack_fp4,
+    to_blocked,
+)
 
 E, D, F, TOP_K = 8, 1024, 512, 2  # experts, hidden, ffn (gate and up are F each), slots
 

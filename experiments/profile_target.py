@@ -18,9 +18,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import runtime  # noqa: E402
-from bench.bench_grouped import SETS  # noqa: E402
-from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm  # noqa: E402
+import runtime
+from bench.bench_grouped import SETS
+from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm
 
 
 def main() -> int:

@@ -57,7 +57,8 @@ def slots_of(value: Any, name: str) -> list[tuple[int, int]]:
             slots.extend([(4, 4)] * shape.count("?"))
         elif t.startswith("!cute.layout<") or t.startswith("!cute.composed_layout<"):
             if "?" in t:
-                raise AbiError(f"argument {name!r} is a dynamic layout {t}; pass its extents as Int32")
+                raise AbiError(f"argument {name!r} is a dynamic layout {t}; pass its extents "
+                               "as Int32")
         else:
             raise AbiError(f"argument {name!r} has MLIR type {t}, which has no recorded lowering")
     return slots

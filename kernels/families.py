@@ -10,7 +10,6 @@ from typing import Any
 from kernels.sm90 import config as sm90_config
 from kernels.sm100 import config as sm100_config
 
-
 # Config fields a shapes.yaml set gives through keys of their own, not through `options`.
 OWN_KEYS = ("acc_stages", "out_dtype")
 

@@ -18,9 +18,9 @@ spells a column order itself.
   the runtime never gives kernels of different header sizes one header. A kernel with a header
   takes a `grid_barrier` table parameter and keeps its state there: the runtime passes the
   header (eager launches) or a persistent zeroed copy (launches under graph capture, whose
-  workspace comes uninitialized from the graph's pool); `bytes_per_a_element`: after the per-CTA slots the workspace holds
-  every group's A converted by the kernel, sum over groups of m * k elements of that size, each
-  group's rows contiguous from the end of the previous group's.
+  workspace comes uninitialized from the graph's pool); `bytes_per_a_element`: after the per-CTA
+  slots the workspace holds every group's A converted by the kernel, sum over groups of m * k
+  elements of that size, each group's rows contiguous from the end of the previous group's.
 """
 
 from __future__ import annotations

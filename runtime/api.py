@@ -29,8 +29,14 @@ from .dispatch import KernelIndex
 from .errors import DeviceError, InputError, NoKernelError
 from .loader import ArtifactStore
 from .manifest import KernelEntry
-from .validate import (OUT_TORCH_DTYPES, check_alpha, check_constraints, check_inputs,
-                       check_no_overlap, out_dtype_name)
+from .validate import (
+    OUT_TORCH_DTYPES,
+    check_alpha,
+    check_constraints,
+    check_inputs,
+    check_no_overlap,
+    out_dtype_name,
+)
 
 Shape = tuple[int, int, int]
 _SEQ = (list, tuple)
@@ -97,7 +103,7 @@ def tensor_guard_type() -> Any:
               and not guard.check(strided)
               and not guard.check(torch.nn.Parameter(ex, requires_grad=False))
               and not guard.check("not a tensor"))
-    except Exception:  # noqa: BLE001 - any surprise: no fast path, never a wrong one
+    except Exception:
         return None
     return TensorGuards if ok else None
 

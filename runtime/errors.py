@@ -34,4 +34,5 @@ class CudaError(Nvfp4Error):
         self.call = call
         self.code = int(code)
         self.name = name
-        super().__init__(f"{call} failed with CUDA error {self.code}{' (' + name + ')' if name else ''}")
+        named = f" ({name})" if name else ""
+        super().__init__(f"{call} failed with CUDA error {self.code}{named}")

@@ -8,7 +8,6 @@ from cuda.bindings import driver
 
 from .cuda import check
 
-
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 
 

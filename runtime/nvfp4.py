@@ -212,7 +212,8 @@ def to_blocked(scales: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
 
 
 def from_blocked(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
-    """Exact inverse of `to_blocked`: blocked 1-D scales -> plain (rows, K // 16), padding dropped."""
+    """Exact inverse of `to_blocked`: blocked 1-D scales -> plain (rows, K // 16), padding
+    dropped."""
     _check_k(k)
     b = as_uint8(blocked, "blocked")
     expected = blocked_scale_numel(rows, k)

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from runtime.validate import OUT_TORCH_DTYPES  # noqa: E402
+from runtime.validate import OUT_TORCH_DTYPES
 
 
 def check_kernel(artifacts: str, name: str, seeds: int) -> dict:
@@ -129,8 +129,12 @@ def check_recipe(artifacts: str, name: str, seeds: int) -> dict:
     import torch
 
     import runtime
-    from runtime.nvfp4 import dequantize_nvfp4, from_blocked, quantize_grouped, \
-        reference_grouped_gemm
+    from runtime.nvfp4 import (
+        dequantize_nvfp4,
+        from_blocked,
+        quantize_grouped,
+        reference_grouped_gemm,
+    )
 
     gg = runtime.load(artifacts)
     entry = next(k for k in gg.kernels if k.name == name)

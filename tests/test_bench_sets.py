@@ -10,10 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_grouped  # noqa: E402
+import bench_grouped
 
-from builder.families import load_families  # noqa: E402
-from builder.spec import load_spec  # noqa: E402
+from builder.families import load_families
+from builder.spec import load_spec
 
 
 def test_the_bench_sets_are_the_specs_exact_sets() -> None:

@@ -40,6 +40,7 @@ def test_the_build_runs_the_variant_through_the_families_hook() -> None:
 @NEEDS_DSL
 def test_every_variant_overrides_roles_the_shipped_kernel_has() -> None:
     import diag_kernels
+
     from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 
     assert sorted(diag_kernels.PARTS) == sorted(diag_build.VARIANTS)

@@ -470,7 +470,6 @@ class FakeTable:
 @pytest.fixture
 def dev(monkeypatch: pytest.MonkeyPatch):
     from runtime import device as device_mod
-
     from runtime import launch as launch_mod
 
     drv = FakeDriver()

@@ -309,7 +309,7 @@ def test_threads_and_streams_do_not_share_launch_state(gg, entries) -> None:
                     outs.append(gg.grouped_gemm(*args, out=poisoned(shapes, "cuda")))
             s.synchronize()
             results[t] = outs
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]
@@ -553,7 +553,7 @@ def test_fast_path_from_threads_and_streams(gg, entries) -> None:
                 for _ in range(iters):
                     gg.grouped_gemm(*args, out=outs[t])
             s.synchronize()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work, args=(t,)) for t in range(n_threads)]

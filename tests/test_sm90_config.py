@@ -6,10 +6,20 @@ from __future__ import annotations
 import pytest
 from conftest import NEEDS_DSL
 
-from kernels.sm90.config import (C_ROW_PAD, LANE_GROUPS, SMEM_LIMIT, Config, c_tile_bytes,
-                                 can_implement, check, check_groups, launch_registers,
-                                 register_split_fits, scale_blocks, smem_bytes)
-
+from kernels.sm90.config import (
+    C_ROW_PAD,
+    LANE_GROUPS,
+    SMEM_LIMIT,
+    Config,
+    c_tile_bytes,
+    can_implement,
+    check,
+    check_groups,
+    launch_registers,
+    register_split_fits,
+    scale_blocks,
+    smem_bytes,
+)
 
 # The v2 kernel (shapes.yaml's mixed_v2): the v3-only options off.
 V2 = {"a_fp16": False, "async_epilogue": False, "patch_ahead": False}

@@ -6,9 +6,8 @@ code, every position in a word, and every finite e4m3 scale, including the docum
 permutation, and that products of two such operands unscale exactly in fp32.
 """
 
-import struct
-
 import math
+import struct
 
 import torch
 

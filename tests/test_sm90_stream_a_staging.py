@@ -14,9 +14,18 @@ import itertools
 import pytest
 
 from kernels.sm90.config import K_TILE
-from kernels.sm90.staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
-                                  SLAB_CHUNKS, STREAM_HEADER_BYTES, chunks_before,
-                                  progress_slot, progress_target, slab_chunk)
+from kernels.sm90.staging import (
+    A_CHUNK_K,
+    EPOCH_OFFSET,
+    PROGRESS_BANK_BYTES,
+    PROGRESS_SLOTS,
+    SLAB_CHUNKS,
+    STREAM_HEADER_BYTES,
+    chunks_before,
+    progress_slot,
+    progress_target,
+    slab_chunk,
+)
 
 # (all groups' rows, k): one row, a few rows, moe_down's first two groups, rows past 128, a
 # long k (moe_gateup's 7168 = 28 weight stages)

@@ -10,14 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import NEEDS_DSL, compile_sm90
-from kernels.sm90.config import (SUB_K, K_TILE, TRACE_BYTES, TRACE_STAGES, TRACE_STEP_EVENTS,
-                                 TRACE_TILES, Config, check)
+
+from kernels.sm90.config import (
+    K_TILE,
+    SUB_K,
+    TRACE_BYTES,
+    Config,
+    check,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-import trace_run  # noqa: E402
+import trace_run
 
 SUB_STEPS = K_TILE // SUB_K
 

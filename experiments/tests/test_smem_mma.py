@@ -11,7 +11,7 @@ from pathlib import Path
 from probe_sass import NEEDS_DSL, probe_sass
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/
-from smem_mma import VARIANTS  # noqa: E402
+from smem_mma import VARIANTS
 
 pytestmark = NEEDS_DSL
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
-import bench_grouped  # noqa: E402
+import bench_grouped
 
-from builder.families import load_families  # noqa: E402
-from builder.spec import load_spec  # noqa: E402
-from runtime.plan import cta_prefix  # noqa: E402
+from builder.families import load_families
+from builder.spec import load_spec
+from runtime.plan import cta_prefix
 
 SMS = 132  # H200
 

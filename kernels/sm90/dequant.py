@@ -19,8 +19,8 @@ from typing import Any
 
 from cutlass import Uint32
 
+from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_F16X2, W_SIGNS
 from .ptx import e4m3x2_to_f16x2, mul_f16x2, mul_f16x2_by_half, prmt, select_bits, shl
-from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_EXP, W_SCALE_F16X2, W_SIGNS
 
 
 def dequant_word_w(w: Any, scales: Any, half: int) -> list[Uint32]:

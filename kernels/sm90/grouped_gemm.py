@@ -47,8 +47,9 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
 are mixins: staged.py (v3: the role dispatch, phase 1 and the grid barrier), producer.py,
-consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
-registers, both versions); structure.py has the layout constants they share. Bit tricks live
+consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py
+(v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into
+wgmma registers, both versions); structure.py has the layout constants they share. Bit tricks live
 in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
 
@@ -69,16 +70,33 @@ from cutlass.tensor_utils import LayoutEnum
 
 from kernels import tables
 from kernels.abi import CompiledKernel, KernelArgs
-from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
-                                require_async_wgmma, require_no_stack_frame,
-                                subbyte_tma_geometry, tma_swizzle)
+from kernels.introspect import (
+    lowered_launch,
+    ptx_cluster_dims,
+    ptx_reqntid,
+    require_async_wgmma,
+    require_no_stack_frame,
+    subbyte_tma_geometry,
+    tma_swizzle,
+)
 
 from . import tma
-from .context import CtaContext
+from .config import (
+    FP16_BUFFERS,
+    K_TILE,
+    N_MULTIPLE,
+    SCALE_ATOM_BYTES,
+    SCALE_STAGE_BYTES,
+    SUB_K,
+    TRACE_BYTES,
+    Config,
+    c_tile_bytes,
+    can_implement,
+    scale_blocks,
+    smem_bytes,
+)
 from .consumer import TileConsumer
-from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
-                     TRACE_BYTES, Config, c_tile_bytes, can_implement, scale_blocks,
-                     smem_bytes)
+from .context import CtaContext
 from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
 from .per_tile import PerTileA
@@ -311,7 +329,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     @staticmethod
     def _placeholder(shape: tuple, stride: tuple) -> cute.Tensor:
-        return cute.make_tensor(cute.make_ptr(Uint8, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
+        return cute.make_tensor(cute.make_ptr(Uint8, Int64(16), cute.AddressSpace.gmem,
+                                              assumed_align=16),
                                 cute.make_layout(shape, stride=stride))
 
     # ------------------------------------------------------------------ device

@@ -17,8 +17,7 @@ from . import tma
 from .config import FP16_BUFFERS, K_TILE, SCALE_STAGE_BYTES, SUB_K
 from .dequant import dequant_chunk, dequant_word_w, scales_w
 from .fp4_bits import permuted_chunk
-from .ptx import (ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt,
-                  st_shared_v2, st_shared_v4)
+from .ptx import ld_shared_u16, ld_shared_v2, ld_shared_v4, prmt, st_shared_v2, st_shared_v4
 from .smem_layout import scale_word_offset
 from .structure import OP_A, OP_B, OP_SFA, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS
 
@@ -144,7 +143,7 @@ class PerTileA:
             a_row0_in_block = (tile_m_idx * self.tile_m) % 128
             acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            for kt in cutlass.range(k // K_TILE, unroll=1):
+            for kt in cutlass.range(k // K_TILE, unroll=1):  # noqa: B007 - the DSL loop counts K tiles; the body uses its state
                 mainloop.consumer_wait(state)
                 stage = state.index
                 for s in cutlass.range_constexpr(SUB_STEPS):

@@ -2,9 +2,9 @@
 same formula the kernel traces, on Python ints).
 
 The scale TMA box of one stage is `blocks` 128-row blocks (config.scale_blocks) of the blocked
-layout (facts.md), each SCALE_STAGE_BYTES long: K_TILE // 64 atoms of 512 bytes, one per 64-K sub-step,
-an atom holding its 128 rows x 4 scales as (row % 32) * 16 + (row % 128 // 32) * 4 + column.
-A tile of 192 weight rows starts `scale_row0` = 0 or 64 rows into its first block.
+layout (facts.md), each SCALE_STAGE_BYTES long: K_TILE // 64 atoms of 512 bytes, one per 64-K
+sub-step, an atom holding its 128 rows x 4 scales as (row % 32) * 16 + (row % 128 // 32) * 4 +
+column. A tile of 192 weight rows starts `scale_row0` = 0 or 64 rows into its first block.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ roles are producer.py, consumer.py and epilogue.py."""
 
 from __future__ import annotations
 
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
@@ -15,16 +14,31 @@ from cutlass import Int32, Int64, Uint32
 from kernels import tables
 
 from . import tma
-from .context import Mainloop
 from .config import LANE_GROUPS, SUB_K, register_split_fits
+from .context import Mainloop
 from .dequant import dequant_chunk
 from .fp4_bits import permuted_chunk
-from .ptx import (atom_add_acq_rel_gpu_u32, fence_proxy_async_global, ld_acquire_gpu_u32,
-                  ld_global_nc_u16, ld_global_nc_v4, ld_relaxed_gpu_u32, nanosleep,
-                  red_add_release_gpu_u32, select_bits, st_global_v4,
-                  st_relaxed_gpu_u32)
-from .staging import (A_CHUNK_K, EPOCH_OFFSET, PAIR_SEND, PAIR_STORES, chunk_addresses,
-                      pair_store_offset)
+from .ptx import (
+    atom_add_acq_rel_gpu_u32,
+    fence_proxy_async_global,
+    ld_acquire_gpu_u32,
+    ld_global_nc_u16,
+    ld_global_nc_v4,
+    ld_relaxed_gpu_u32,
+    nanosleep,
+    red_add_release_gpu_u32,
+    select_bits,
+    st_global_v4,
+    st_relaxed_gpu_u32,
+)
+from .staging import (
+    A_CHUNK_K,
+    EPOCH_OFFSET,
+    PAIR_SEND,
+    PAIR_STORES,
+    chunk_addresses,
+    pair_store_offset,
+)
 from .structure import PACKED_ROW_BYTES, WARPGROUP
 
 # Registers per thread where the consumers need more than an even split of the register file:

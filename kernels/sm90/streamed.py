@@ -25,11 +25,27 @@ from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
 
-from .ptx import (fence_proxy_async_global, ld_acquire_gpu_u32, ld_global_nc_u16, ld_global_nc_v4,
-                  nanosleep, red_add_release_gpu_u32, st_relaxed_gpu_u32)
-from .staging import (A_CHUNK_K, EPOCH_OFFSET, PROGRESS_BANK_BYTES, PROGRESS_SLOTS,
-                      STREAM_STAGERS, STREAM_UNROLL, STREAM_WARPS, chunk_addresses, chunks_before,
-                      slab_chunk)
+from .ptx import (
+    fence_proxy_async_global,
+    ld_acquire_gpu_u32,
+    ld_global_nc_u16,
+    ld_global_nc_v4,
+    nanosleep,
+    red_add_release_gpu_u32,
+    st_relaxed_gpu_u32,
+)
+from .staging import (
+    A_CHUNK_K,
+    EPOCH_OFFSET,
+    PROGRESS_BANK_BYTES,
+    PROGRESS_SLOTS,
+    STREAM_STAGERS,
+    STREAM_UNROLL,
+    STREAM_WARPS,
+    chunk_addresses,
+    chunks_before,
+    slab_chunk,
+)
 
 
 class StreamedA:

@@ -15,7 +15,8 @@ example documents.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cutlass.cute as cute
 from cutlass import Int32

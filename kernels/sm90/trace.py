@@ -9,9 +9,17 @@ from __future__ import annotations
 import cutlass
 from cutlass import Int32, Int64
 
-from .config import (TRACE_BYTES, TRACE_CONSUMER_BYTES, TRACE_GLOBAL_EVENTS,
-                     TRACE_PRODUCER_BYTES, TRACE_STAGE_EVENTS, TRACE_STAGES, TRACE_STEP_EVENTS,
-                     TRACE_TILE_EVENTS, TRACE_TILES)
+from .config import (
+    TRACE_BYTES,
+    TRACE_CONSUMER_BYTES,
+    TRACE_GLOBAL_EVENTS,
+    TRACE_PRODUCER_BYTES,
+    TRACE_STAGE_EVENTS,
+    TRACE_STAGES,
+    TRACE_STEP_EVENTS,
+    TRACE_TILE_EVENTS,
+    TRACE_TILES,
+)
 from .ptx import stamp_clock, stamp_globaltimer
 from .structure import SUB_STEPS
 
