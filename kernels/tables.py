@@ -27,11 +27,21 @@ from __future__ import annotations
 
 from typing import Any
 
-PROBLEM_COLUMNS = ("m", "n", "k", "l")
-POINTER_COLUMNS = ("a", "b", "sfa", "sfb", "c")
-COL_M, COL_N, COL_K, COL_L = range(4)
-PTR_A, PTR_B, PTR_SFA, PTR_SFB, PTR_C = range(5)
-TENSORMAP_BYTES = 128
+# The column orders and the tensormap size have one owner, shared with the builder and runtime.
+from runtime.formats import (  # noqa: F401 - re-exported: the kernels read them from here
+    COL_K,
+    COL_L,
+    COL_M,
+    COL_N,
+    POINTER_COLUMNS,
+    PROBLEM_COLUMNS,
+    PTR_A,
+    PTR_B,
+    PTR_C,
+    PTR_SFA,
+    PTR_SFB,
+    TENSORMAP_BYTES,
+)
 
 
 def tables_record(num_tensormaps: int, header_bytes: int = 0,

@@ -238,7 +238,7 @@ def test_spec_change_rebuilds_only_changed_items_and_drops_removed(fake: Fake,
 def test_altered_cubin_is_recompiled_not_reused(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     run(fake, out)
-    entry = load_manifest(out).kernel("dense.sm_90a.acc1.f16")
+    entry = load_manifest(out).entry("dense.sm_90a.acc1.f16")
     (out / entry.cubin).write_bytes(b"garbage")
     report = run(fake, out)
     assert [r.name for r in report.rows if r.status == "compiled"] == ["dense.sm_90a.acc1.f16"]

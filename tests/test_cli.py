@@ -65,7 +65,7 @@ def test_list_table_shows_serving_symbol_and_resources(art: Path) -> None:
                                 "KiB", "cubin", "KiB", "sha256", "params", "served", "groups"]
     rows = {ln.split()[0]: ln for ln in lines[2:]}
     assert sorted(rows) == KERNELS
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    e = load_manifest(art).entry("tiny.sm_90a.acc1.f16")
     assert rows["tiny.sm_90a.acc1.f16"].split() == [
         "tiny.sm_90a.acc1.f16", "sm_90a", "1", "fake_gemm_0", "128x1x1", "1x1x1", "128.0",
         f"{e.cubin_bytes / 1024:.1f}", e.sha256[:12], "2", "(12", "B)", "2:", "40x128x256,",
@@ -82,7 +82,7 @@ def test_list_json_keeps_its_fields(art: Path) -> None:
 
 def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
     with_tma_param(art)
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    e = load_manifest(art).entry("tiny.sm_90a.acc1.f16")
     proc = cli("inspect", "tiny.sm_90a.acc1.f16", "--artifacts", str(art))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -1,0 +1,37 @@
+"""Constants and formulas that kernels (build time), the builder and the runtime all use.
+
+Imports nothing but the standard library: no DSL, no torch, no driver, so `kernels/` may import
+it at trace time and the runtime at serve time, and each number has one owner (before this
+module TENSORMAP_BYTES was defined four times and the blocked-scale size formula four times).
+
+- Device tables (what the kernels index, what the manifest's `tables` record describes):
+  problem_sizes int32 (G, 4) of PROBLEM_COLUMNS; pointers int64 (G, 5) of POINTER_COLUMNS;
+  cta_prefix int32 (G + 1,); tensormap workspace slots of TENSORMAP_BYTES, that aligned.
+- NVFP4 blocked scales: one e4m3 scale per SF_VEC elements of K, stored in 128-row x 4-column
+  atoms (`blocked_scale_numel`).
+- MN_LIMIT: the kernels index C with 32-bit offsets, so every group needs m * n < 2^31.
+"""
+
+from __future__ import annotations
+
+PROBLEM_COLUMNS = ("m", "n", "k", "l")
+POINTER_COLUMNS = ("a", "b", "sfa", "sfb", "c")
+COL_M, COL_N, COL_K, COL_L = range(4)
+PTR_A, PTR_B, PTR_SFA, PTR_SFB, PTR_C = range(5)
+TABLE_DTYPES = ("int32", "int64")
+
+# A CUtensorMap is 128 bytes and must be 128-byte aligned (CUDA driver API).
+TENSORMAP_BYTES = 128
+
+INT32_LIMIT = 2**31  # problem_sizes and cta_prefix cells are int32
+MN_LIMIT = 2**31  # m * n per group: C is indexed with 32-bit offsets
+
+SF_VEC = 16  # elements of K per e4m3 scale
+SCALE_ROWS = 128  # rows of one blocked-scale atom
+SCALE_COLS = 4  # scale columns of one atom (4 * SF_VEC = 64 elements of K)
+
+
+def blocked_scale_numel(rows: int, k: int) -> int:
+    """Bytes of one operand's e4m3 scales in the blocked layout: ceil(rows / 128) * 128 rows
+    x ceil(k / 64) * 4 scale columns (one scale per 16 k)."""
+    return -(-rows // SCALE_ROWS) * SCALE_ROWS * (-(-k // (SCALE_COLS * SF_VEC)) * SCALE_COLS)
