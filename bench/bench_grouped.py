@@ -8,16 +8,18 @@ An artifact directory may carry a call variant after '#': `bf16` or `f16` (the o
 default f16) and `alpha` (a per-group float32 alpha of powers of two, 0.5 / 1 / 2, so the check
 stays bit-exact), comma-separated.
 
-Per benchmark set (facts.md, plus a compute-heavy set), side by side in the same process:
+Per benchmark set (shapes.yaml's moe_gateup, moe_down, dense_a, dense_b and the compute-heavy
+bench_large; facts.md has their origin), side by side in the same process:
   ours      the artifact kernel through runtime.grouped_gemm (NVFP4 in, fp16 or bf16 out)
   cublas    torch.mm per group in bf16 on pre-dequantized weights and activations
   grouped   torch._grouped_mm in bf16 on the same pre-dequantized tensors
   floor     max(FLOPs at the bf16 MMA rate, NVFP4 bytes at the copy bandwidth), both ceilings
             measured in this run (a large bf16 matmul; a large device-to-device copy)
 Protocol: inputs are full-range e2m1 codes with A scales 2^0..2^6 and B scales 2^-6..2^-3 (fp32
-sums exact, so our output must equal fp16(float64 reference) bit for bit); each variant is captured in one CUDA graph per input set; input sets rotate so that
-they do not sit in L2 (at least 4 sets and more than 3x L2 bytes); the time is the median over
-many replays, each timed with CUDA events. Our output on the timed inputs is checked against
+sums exact, so our output must equal fp16(float64 reference) bit for bit); each variant is
+captured in one CUDA graph per input set; input sets rotate so that they do not sit in L2 (at
+least 4 sets and more than 3x L2 bytes); the time is the median over many replays, each timed
+with CUDA events. Our output on the timed inputs is checked against
 the float64 reference (rtol = atol = 1e-3). Full numbers go to --json.
 """
 
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,20 +48,29 @@ from runtime.nvfp4 import (  # noqa: E402
     reference_grouped_gemm,
 )
 
-SETS = {
-    "moe_gateup": [(m, 4096, 7168) for m in (80, 176, 128, 72, 64, 248, 96, 160)],
-    "moe_down": [(m, 7168, 2048) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
-    "dense_a": [(192, 3072, 4096), (320, 3072, 4096)],
-    "dense_b": [(128, 4096, 1536), (384, 4096, 1536)],
-    "bench_large": [(1024, 4096, 7168)] * 8,
-}
-BASE_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b")
-# Diagnostic twins, timed only when named in --sets (bench/tile_start_ab.yaml builds them):
-# moe_down's groups and FLOPs as one 128-step tile per CTA instead of four of 32 steps, so that
-# the difference is what a tile start costs (bench/RESULTS.md, 2026-11-30, tenth session).
-DIAG_SETS = {
-    "moe_down_one_tile": [(m, 1792, 8192) for m in (40, 76, 168, 72, 164, 148, 196, 160)],
-}
+SPEC = ROOT / "shapes.yaml"
+BENCH_SETS = ("moe_gateup", "moe_down", "dense_a", "dense_b", "bench_large")
+BASE_SETS = BENCH_SETS[:4]  # the geomean's sets (facts.md); bench_large is the compute-heavy one
+# Diagnostic twins, timed only when named in --sets: moe_down's groups and FLOPs as one 128-step
+# tile per CTA instead of four of 32 steps, so that the difference is what a tile start costs
+# (docs/lab_notebook.md, 2026-11-30, tenth session). Their spec builds them too.
+DIAG_SPEC = ROOT / "experiments" / "tile_start_ab.yaml"
+DIAG_SETS_NAMES = ("moe_down_one_tile",)
+
+
+def spec_groups(path: Path, names: tuple[str, ...]) -> dict[str, list[tuple[int, int, int]]]:
+    """The (m, n, k) groups of the named exact sets of a shapes.yaml-format spec, so the bench
+    times exactly the shapes that are built."""
+    raw = yaml.safe_load(path.read_text())
+    by_name = {s["name"]: s for s in raw["sets"]}
+    missing = [n for n in names if n not in by_name or by_name[n].get("m") == "dynamic"]
+    if missing:
+        raise SystemExit(f"{path} must hold the exact sets {list(names)}, but lacks {missing}")
+    return {n: [tuple(int(v) for v in g) for g in by_name[n]["groups"]] for n in names}
+
+
+SETS = spec_groups(SPEC, BENCH_SETS)
+DIAG_SETS = spec_groups(DIAG_SPEC, DIAG_SETS_NAMES)
 ALL_SETS = {**SETS, **DIAG_SETS}
 L2_BYTES = 50 * 2**20
 # GPU spin before every HOLD_BLOCK timed iterations: ~100 us per replay to enqueue, at ~2 GHz.
@@ -74,7 +86,7 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
     """Median microseconds of one replay per variant (each a list of graphs, one per input
     set), the variants' replays alternating: A/B comparisons then share the process, its
     allocations and the GPU's clock and thermal state, which differ between processes by up
-    to 10% (bench/RESULTS.md, 2026-11-30)."""
+    to 10% (docs/lab_notebook.md, 2026-11-30)."""
     for graphs in variants:
         for g in graphs:
             g.replay()
@@ -85,7 +97,7 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
         if i % HOLD_BLOCK == 0:
             # Keep the GPU busy while the next block is enqueued: a graph shorter than the
             # CPU's ~10 us per replay would otherwise time the CPU (measured: a one-element
-            # torch kernel "took" 9 us, bench/RESULTS.md 2026-11-30).
+            # torch kernel "took" 9 us, docs/lab_notebook.md 2026-11-30).
             torch.cuda._sleep(HOLD_CYCLES_PER_REPLAY * HOLD_BLOCK * len(variants))
         # Each variant leads in turn, so none always takes the first replay after a hold.
         for j in range(len(variants)):

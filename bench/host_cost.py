@@ -149,7 +149,7 @@ def measure(gg, rt, args, batch: int, batches: int, sync, real_launch: bool) -> 
     a, b, sfa, sfb, out = args
     count = len(a)
     tensors = (*a, *b, *sfa, *sfb, *out)
-    sig = gg._signatures[count][0]
+    sig = gg._signatures[(count, False)][0]  # (group count, alpha given)
     dp = sig.dp
     assert sig.guard.check(*tensors), "the fast path's signature does not match this call"
     ptrs = tuple(map(api._DATA_PTR, tensors))
@@ -452,7 +452,7 @@ def run_mock(args) -> dict:
         dp.tables = table(len(dp.plan.plan_tables))
         ptrs = tuple(map(api._DATA_PTR, tensors))
         rt._pointers.put((dp.serial, ptrs), table(8 * len(ptrs)))
-        gg._signatures[count] = (api._Signature(
+        gg._signatures[(count, False)] = (api._Signature(
             guard_type(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None), rt, dp),)
         for _ in range(3):
             gg.grouped_gemm(*call[:4], out=call[4])  # the fast path, end to end

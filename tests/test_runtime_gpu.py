@@ -117,7 +117,8 @@ def test_preload_checks_every_kernel_abi_with_param_info(gg, entries) -> None:
 
     rt = gg._runtime(0)
     every = [e for e in gg.kernels if e.arch == rt.arch]  # both output types
-    assert gg.preload() == [e.name for e in every] and set(entries) < set(every)
+    assert gg.preload() == [e.name for e in every]
+    assert {e.name for e in entries} < {e.name for e in every}
     for e in every:
         layout = param_layout(rt.prepared(e).loaded.function)
         assert [size for _, size in layout] == [p.size for p in e.params]

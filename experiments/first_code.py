@@ -1,7 +1,7 @@
 """What running cold code costs at a kernel's start (instruction fetch), with nothing else running.
 
 The GEMM's first steps run 60 KB of SASS that no SM has fetched yet, and every link of its
-first tile took longer than the same work measured alone (bench/RESULTS.md, "Where the first
+first tile took longer than the same work measured alone (docs/lab_notebook.md, "Where the first
 tile goes"). This measures the instruction side on its own: a kernel of 132 CTAs x 128 threads
 runs one straight-line block of N independent IMADs (8 accumulators, 16 bytes of SASS each)
 twice; thread 0 stamps %clock64 before the first pass and after each pass. The first pass
@@ -12,8 +12,8 @@ Three modes per size: `fresh` loads a new copy of the module before each launch 
 addresses: nothing cached anywhere) and flushes L2 with a 256 MiB fill; `flush` relaunches the
 same module after the fill; `repeat` relaunches it back to back.
 
-    python bench/first_code.py build --out .first_code             # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/first_code.py run --dir .first_code  # GPU machine, no cutlass
+    python experiments/first_code.py build --out .first_code             # CPU, with the DSL
+    PYTHONPATH=. python experiments/first_code.py run --dir .first_code  # GPU, no cutlass
 """
 
 
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # the script's directory
 
 CTAS, THREADS = 132, 128
 ACCUMULATORS = 8

@@ -1,4 +1,4 @@
-"""bench/smem_mma.py times shared-memory-sourced wgmma next to conversion-like shared-memory
+"""experiments/smem_mma.py times shared-memory-sourced wgmma next to conversion-like shared-memory
 traffic. Its numbers mean something only if each variant's timed loop holds what the variant
 says: 4 wgmma m64nNk16 per step, the stated 16-byte stores and loads, the ALU ops, and the named
 barrier when asked for."""
@@ -8,11 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import NEEDS_DSL
-from probe_sass import probe_sass
+from probe_sass import NEEDS_DSL, probe_sass
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from smem_mma import VARIANTS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/
+from smem_mma import VARIANTS  # noqa: E402
 
 pytestmark = NEEDS_DSL
 

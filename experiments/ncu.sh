@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nsight Compute profile of our sm_90a kernel on one benchmark set (on the GPU machine):
-#   bash bench/ncu.sh [SET] [ARTIFACTS]
+#   bash experiments/ncu.sh [SET] [ARTIFACTS]
 # Writes to $OUT (or ./ncu_out): the report, the raw metrics as CSV, the details page and the
 # per-SASS-instruction source page (stall samples per instruction), then prints the lines that
 # say what limits the kernel. Clocks are not locked (--clock-control none), as in bench runs.
@@ -15,7 +15,7 @@ if [ -z "$NCU" ]; then echo "ncu not found"; exit 3; fi
 export PYTHONPATH=.
 "$NCU" --clock-control none --set full --import-source no -k regex:nvfp4_gg_sm90 \
     --launch-skip 1 --launch-count 1 -f -o "$DIR/$SET" \
-    python bench/profile_target.py --artifacts "$ART" --set "$SET" --iters 2 >"$DIR/$SET.ncu.log" 2>&1
+    python experiments/profile_target.py --artifacts "$ART" --set "$SET" --iters 2 >"$DIR/$SET.ncu.log" 2>&1
 tail -n 3 "$DIR/$SET.ncu.log"
 "$NCU" -i "$DIR/$SET.ncu-rep" --page details >"$DIR/$SET.details.txt" 2>&1
 "$NCU" -i "$DIR/$SET.ncu-rep" --page raw --csv >"$DIR/$SET.raw.csv" 2>&1

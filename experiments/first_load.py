@@ -1,15 +1,15 @@
 """How long the memory system takes to serve a kernel's first loads, with nothing else running.
 
-Every CTA of the GEMM waits 5-8K cycles for its first data at the kernel's start (bench/
-RESULTS.md, "Where the first tile goes"). This measures that floor on its own: a kernel of 132
-CTAs x 128 threads whose threads each issue all their 16-byte cp.async copies into shared
-memory at once (4, 50 or 200 KiB per CTA, from inputs rotated so they do not sit in L2, or
-from one L2-warm buffer), wait for all of them, and after a CTA barrier thread 0 stamps
-%clock64 and %globaltimer. It prints, per size and mode, medians over launches of the median
+Every CTA of the GEMM waits 5-8K cycles for its first data at the kernel's start
+(docs/lab_notebook.md, "Where the first tile goes"). This measures that floor on its own: a
+kernel of 132 CTAs x 128 threads whose threads each issue all their 16-byte cp.async copies
+into shared memory at once (4, 50 or 200 KiB per CTA, from inputs rotated so they do not sit
+in L2, or from one L2-warm buffer), wait for all of them, and after a CTA barrier thread 0
+stamps %clock64 and %globaltimer. It prints, per size and mode, medians over launches of the median
 and the slowest CTA's start-to-data time.
 
-    python bench/first_load.py build --out .first_load        # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/first_load.py run --dir .first_load   # GPU machine, no cutlass
+    python experiments/first_load.py build --out .first_load        # CPU, with the DSL
+    PYTHONPATH=. python experiments/first_load.py run --dir .first_load   # GPU machine, no cutlass
 """
 
 
@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # the script's directory
 
 CTAS, THREADS = 132, 128
 # 16-byte loads per thread: 4 KiB, 50 KiB (about one weight stage plus one A slot per CTA, as

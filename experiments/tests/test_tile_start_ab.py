@@ -1,13 +1,14 @@
-"""bench/tile_start_ab.yaml (what a tile start costs on moe_down): its two sets are the bench's
-moe_down and its one-tile twin, with the same FLOPs, the shipped moe_down kernel options, and
-the same number of 64-K steps on their busiest CTA, so their time difference is tile starts."""
+"""experiments/tile_start_ab.yaml (what a tile start costs on moe_down): its two sets are the
+bench's moe_down and its one-tile twin, with the same FLOPs, the shipped moe_down kernel
+options, and the same number of 64-K steps on their busiest CTA, so their time difference is
+tile starts."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 import bench_grouped  # noqa: E402
 
@@ -32,7 +33,7 @@ def _busiest_cta_steps(groups, tile_m: int, tile_n: int) -> int:
 
 
 def test_the_twins_are_the_bench_sets_with_equal_flops() -> None:
-    sets = _sets(ROOT / "bench" / "tile_start_ab.yaml")
+    sets = _sets(ROOT / "experiments" / "tile_start_ab.yaml")
     assert list(sets) == ["moe_down", "moe_down_one_tile"]
     assert list(sets["moe_down"].groups) == bench_grouped.SETS["moe_down"]
     assert list(sets["moe_down_one_tile"].groups) == \
@@ -43,7 +44,7 @@ def test_the_twins_are_the_bench_sets_with_equal_flops() -> None:
 
 def test_moe_down_is_built_as_shipped_and_both_have_128_steps_on_the_busiest_cta() -> None:
     shipped = _sets(ROOT / "shapes.yaml")["moe_down"]
-    ab = _sets(ROOT / "bench" / "tile_start_ab.yaml")
+    ab = _sets(ROOT / "experiments" / "tile_start_ab.yaml")
     [ship] = [b for b in shipped.builds if b.arch == "sm_90a"]
     for name in ab:
         [build] = ab[name].builds

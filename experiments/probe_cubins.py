@@ -1,5 +1,6 @@
-"""The cubin directory of a start-up probe (bench/first_load.py, bench/first_code.py): one
-kernel per size, built on a CPU machine with the DSL, run on the GPU machine without it.
+"""The cubin directory of a start-up probe (experiments/first_load.py, first_code.py,
+smem_mma.py): one kernel per size, built on a CPU machine with the DSL, run on the GPU machine
+without it.
 
 The directory holds `<prefix>_<size>.cubin` per size and index.json mapping each size to its
 cubin, kernel symbol and dynamic shared memory: the build records what the run launches with.

@@ -1,4 +1,4 @@
-"""bench/first_load.py measures how long a kernel's first loads take on their own. Its number
+"""experiments/first_load.py measures how long a kernel's first loads take on their own. Its number
 means something only if each thread has every copy in flight before it waits: the built
 kernels must issue all their cp.async copies, then one wait for all, then the CTA barrier and
 the stamp, in that order."""
@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import NEEDS_DSL
-from probe_sass import probe_sass
+from probe_sass import NEEDS_DSL, probe_sass
 
 pytestmark = NEEDS_DSL
 

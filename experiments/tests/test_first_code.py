@@ -1,4 +1,4 @@
-"""bench/first_code.py measures what fetching cold code costs at a kernel's start. Its number
+"""experiments/first_code.py measures what fetching cold code costs at a kernel's start. Its number
 means something only if the block between the stamps is the straight-line code it claims: N
 IMADs with no branch among them, run twice by one loop."""
 
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import NEEDS_DSL
-from probe_sass import probe_sass
+from probe_sass import NEEDS_DSL, probe_sass
 
 pytestmark = NEEDS_DSL
 

@@ -2,7 +2,7 @@
 into shared memory? The premise of a redesign with the tokens as the wgmma M, measured alone.
 
 This kernel (issue 4) feeds the dequantized weights to wgmma from registers, with the tokens as
-the wgmma N; its bound is 1.46x cuBLAS (bench/RESULTS.md, fourteenth session). A kernel with the
+the wgmma N; its bound is 1.46x cuBLAS (docs/lab_notebook.md, fourteenth session). A kernel with the
 tokens as the wgmma M (64-row blocks, one per warpgroup) would pad fewer rows, but every
 warpgroup would read the weights from shared memory (the B operand), after the CTA wrote them
 there in bf16 each step. Whether shared memory then keeps up was an estimate (120-150 bytes
@@ -14,8 +14,8 @@ integer ops on the loads (the conversion's ALU work) and meet at a named barrier
 consumers (the step's hand-over of B). Thread 0 stamps %clock64 around the loop; the MMA time of
 a step is W * 4 * N / 2 cycles (4096 dense FLOP per cycle per SM).
 
-    python bench/smem_mma.py build --out .smem_mma              # CPU machine, nvidia-cutlass-dsl
-    PYTHONPATH=. python bench/smem_mma.py run --dir .smem_mma   # GPU machine, no cutlass
+    python experiments/smem_mma.py build --out .smem_mma              # CPU, with the DSL
+    PYTHONPATH=. python experiments/smem_mma.py run --dir .smem_mma   # GPU machine, no cutlass
 """
 
 import os
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import click
-from probe_cubins import ProbeRunner, read_probes, write_probes  # bench/, the script's directory
+from probe_cubins import ProbeRunner, read_probes, write_probes  # the script's directory
 
 CTAS = 132
 STEPS = 256

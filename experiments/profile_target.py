@@ -1,6 +1,8 @@
-"""Run one benchmark set's grouped GEMM a few times, for a profiler to attach to (bench/ncu.sh).
+"""Run one benchmark set's grouped GEMM a few times, for a profiler to attach to
+(experiments/ncu.sh).
 
-    PYTHONPATH=. python bench/profile_target.py --artifacts artifacts --set moe_gateup --iters 3
+    PYTHONPATH=. python experiments/profile_target.py --artifacts artifacts --set moe_gateup \
+        --iters 3
 
 Data as in bench/bench_grouped.py (scales that keep fp32 sums exact); the last output is checked
 bit-exact against the float64 reference, so a profile of a broken kernel says so.
