@@ -102,17 +102,16 @@ _CONSUMER_SYNC = [
      "        warpgroup.wait_group(0)\n"),
 ]
 # The head of each role's tile loop in staged.py.
-# (The diagnostic builds use patch_ahead, as every shipped v3 set: its producer loop.)
 _PRODUCER_TILES = '''            group, m, _, k = self._group_of(bidx, group, prefix, sizes)
         tile = bidx
         while tile < total_tiles:'''
 _CONSUMER_TILES = '''        prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
-        if cutlass.const_expr(self.config.async_epilogue):'''
-# async_epilogue's storer warps walk the tiles too; without tiles they must not wait for one,
+        # The storers write C'''
+# The storer warps walk the tiles too; without tiles they must not wait for one,
 # nor meet the consumers at the first hand-over (no consumer comes).
-_STORER_TILES = '''        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
+_STORER_TILES = '''            c_free.arrive_and_wait()
         tile = bidx
 '''
 _STAGING = "            self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)\n"
@@ -128,17 +127,10 @@ _STAGING_END = '''            c += STAGE_UNROLL * stride
 # Neither role takes a tile (and the producer loads no weights ahead), or no grid barrier.
 _NO_PRODUCER_TILES = (STAGED, _PRODUCER_TILES,
                       _PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
-# The producer loop without patch_ahead.
-_PLAIN_PRODUCER_TILES = '''            tile = bidx
-            while tile < total_tiles:
-                group, m, n, k = self._group_of(tile, group, prefix, sizes)'''
-_NO_PLAIN_PRODUCER_TILES = (STAGED, _PLAIN_PRODUCER_TILES,
-                            _PLAIN_PRODUCER_TILES.replace("tile = bidx", "tile = total_tiles"))
-_NO_TILES = [_NO_PRODUCER_TILES, _NO_PLAIN_PRODUCER_TILES, _NO_PREFETCH,
+_NO_TILES = [_NO_PRODUCER_TILES, _NO_PREFETCH,
              (STAGED, _CONSUMER_TILES, _CONSUMER_TILES.replace("tile = bidx", "tile = total_tiles")),
              (STAGED, _STORER_TILES, _STORER_TILES.replace("tile = bidx", "tile = total_tiles")
-              .replace("        c_free.arrive_and_wait()  # the consumers' first hand-over: the "
-                       "tile starts empty\n", ""))]
+              .replace("            c_free.arrive_and_wait()\n", "            pass\n"))]
 _NO_BARRIER = (STAGED, _GRID_BARRIER, "")
 _STEP_MMA = '''                for kblk in cutlass.range_constexpr(num_kblocks):
                     cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kblk],
@@ -169,8 +161,7 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     ],
     # The producer takes no tile (its tail then waits on nothing) and the consumers neither
     # wait nor release, so no mbarrier phase can fall out of step.
-    "compute_only": [_NO_PRODUCER_TILES, _NO_PLAIN_PRODUCER_TILES, _NO_PREFETCH,
-                     *_CONSUMER_SYNC],
+    "compute_only": [_NO_PRODUCER_TILES, _NO_PREFETCH, *_CONSUMER_SYNC],
     # Staging, grid barrier and launch alone: neither role takes a tile.
     "phase1_only": _NO_TILES,
     # phase1_only without the grid barrier (the barrier's cost), and without staging too
@@ -195,18 +186,9 @@ VARIANTS: dict[str, list[tuple[str, str, str]]] = {
     "stage_nostore": [*_NO_TILES, _NO_BARRIER,
                       (STAGED, "            if valid(u):\n",
                        "            if valid(u) and outs[0][0] == Uint32(0x12345678):\n")],
-    # The whole loop, no C stores (the epilogue's cost). With async_epilogue the consumers still
-    # hand each tile over (the storers would wait forever otherwise) and the storers skip the
-    # global stores.
+    # The whole loop, no C stores (the epilogue's cost): the consumers still hand each tile
+    # over (the storers would wait forever otherwise) and the storers skip the global stores.
     "nostore": [
-        (STAGED, '''                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                                 self._c_scale(group))
-''', '''                if acc[0] == Float32(1.2345):  # never: keeps the accumulator live
-                    self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                     tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                                     self._c_scale(group))
-'''),
         (STAGED, "                if row0 + r < m and col0 + c8 < n:\n",
          "                if row0 + r < 0:\n"),
     ],

@@ -255,6 +255,19 @@ class GroupedGemm:
                                             alpha.data_ptr())
         return False
 
+    def scaled_grouped_mm(self, a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor,
+                          sfb: torch.Tensor, offs: torch.Tensor, *,
+                          alpha: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                          out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The serving contract (runtime/serving.py): stacked experts b (E, N, K/2), tokens a
+        (T, K/2) grouped by expert, int32 end offsets `offs` (E,) on the device, never read on
+        the host; one CUDA graph serves every routing. Returns out (T, N); rows past offs[-1]
+        are not written."""
+        from .serving import scaled_grouped_mm
+
+        return scaled_grouped_mm(self, a, b, sfa, sfb, offs, alpha=alpha, out=out,
+                                 out_dtype=out_dtype)
+
     def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
              sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
              out: Sequence[torch.Tensor] | None = None, *, alpha: torch.Tensor | None = None,

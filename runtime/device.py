@@ -229,6 +229,55 @@ class DeviceRuntime:
         dp.uses += 1
         return dp
 
+    def serving_plan(self, entry: KernelEntry, experts: int, n: int, k: int,
+                     t: int) -> DevicePlan:
+        """The DevicePlan of a scaled_grouped_mm call (runtime/serving.py), cached per
+        (kernel, E, N, K, T); its ones (alpha = None) live in persistent device memory."""
+        from .serving import serving_plan
+
+        key = ("serving", entry.name, experts, n, k, t)
+        dp = self._plans.get(key)
+        if dp is None:
+            dp = DevicePlan(serving_plan(entry, experts, n, k, t, self.device.sm_count),
+                            self.prepared(entry))
+            dp.ones = self._arena.store(dp.plan.plan_tables, self.device)
+            dp = self._plans.put(key, dp)
+        return dp
+
+    def launch_device_tables(self, dp: DevicePlan, pointers: torch.Tensor,
+                             tables: torch.Tensor, prefix_offset: int, alpha: int) -> None:
+        """Launch `dp` with device tables the caller computed in this stream (serving.py): the
+        pointer table and the (problem sizes, CTA prefix) buffer. Eager launches use the
+        stream's workspace; a launch under capture gets one from the graph's pool and a
+        persistent zeroed barrier header, as _launch_captured does."""
+        stream = self._stream(self.device.ordinal)
+        prev = self._enter()
+        try:
+            slot = dp.slot()
+            alpha = alpha or dp.ones
+            if self._capturing(stream):
+                header = dp.workspace_header
+                barrier = self._arena.store(bytes(header), self.device) if header else 0
+                ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
+                slot.set(pointers.data_ptr(), tables.data_ptr(), prefix_offset, ws.data_ptr(),
+                         barrier, alpha)
+                slot.stream = stream
+                launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
+                slot.pointers = slot.tables = slot.workspace = slot.barrier = slot.alpha = None
+                del ws
+                return
+            ws = self._workspaces.get((stream, dp.workspace_header))  # held until enqueued
+            if ws is None or ws[1] < dp.workspace_bytes:
+                ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
+            slot.set(pointers.data_ptr(), tables.data_ptr(), prefix_offset, ws[2], ws[2], alpha)
+            slot.stream = stream
+            launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
+            # The tables were allocated on this stream: the allocator reuses them only after
+            # the launch in stream order.
+        finally:
+            if prev is not None:
+                cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
+
     # ------------------------------------------------------------ per call
 
     def launch(self, dp: DevicePlan, ptrs: tuple[int, ...],

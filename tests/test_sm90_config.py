@@ -11,44 +11,52 @@ from kernels.sm90.config import (C_ROW_PAD, LANE_GROUPS, SMEM_LIMIT, Config, c_t
                                  scale_blocks, smem_bytes)
 
 
-def test_default_is_v3_and_fits() -> None:
+# The v2 kernel (shapes.yaml's mixed_v2): the v3-only options off.
+V2 = {"a_fp16": False, "async_epilogue": False, "patch_ahead": False}
+
+
+def test_default_is_the_shipped_v3_and_fits() -> None:
+    """Config()'s defaults are the kernel shapes.yaml ships for sm_90a (its defaults.options)."""
     c = Config()
-    assert (c.a_fp16, c.w_regs, c.tile_m, c.stages, c.a_slots, c.w_prefetch) == (
-        True, True, 128, 3, 8, False)
+    assert (c.a_fp16, c.tile_m, c.tile_n, c.stages, c.a_slots, c.w_prefetch, c.stream_a) == (
+        True, 128, 128, 3, 8, False, False)
+    assert (c.async_epilogue, c.patch_ahead, c.trace) == (True, True, False)
     assert check(c) == []
     # barriers 1 KiB + 3 x (16 KiB packed B + 2 KiB scales) + 8 x (128 rows x 64 K fp16)
-    assert smem_bytes(c) == 1024 + 3 * 18432 + 8 * 16384 == 187392
+    # + the C tile (128 rows of 128 + 8 fp16)
+    assert smem_bytes(c) == 1024 + 3 * 18432 + 8 * 16384 + 34816 == 222208
 
 
 def test_v2_smem_is_unchanged() -> None:
-    assert smem_bytes(Config(a_fp16=False)) == 161792
+    assert check(Config(**V2)) == []
+    assert smem_bytes(Config(**V2)) == 161792
 
 
 def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
-    c = Config(tile_n=192)
+    c = Config(tile_n=192, a_slots=5)
     assert check(c) == []
     # barriers + 3 x (192 rows x 128 B packed + 2 x 2 KiB scales: a 192-row tile starts at row 0
-    # or 64 of a 128-row scale block) + 8 x 16 KiB fp16 A
-    assert smem_bytes(c) == 1024 + 3 * (24576 + 4096) + 8 * 16384 == 218112
+    # or 64 of a 128-row scale block) + 5 x 16 KiB fp16 A + the 128 x (192 + 8) fp16 C tile
+    assert smem_bytes(c) == 1024 + 3 * (24576 + 4096) + 5 * 16384 + 51200 == 220160
     assert (scale_blocks(128), scale_blocks(192)) == (1, 2)
 
 
 def test_async_epilogue_adds_a_padded_c_tile() -> None:
     """tile_m rows of tile_n + C_ROW_PAD fp16, 1024-aligned after the A ring: 128 x 192 fits
     only with a_slots 5 (shapes.yaml's MoE sets)."""
-    assert c_tile_bytes(Config()) == 0
-    c = Config(async_epilogue=True)
+    assert c_tile_bytes(Config(**V2)) == 0
+    c = Config()
     assert c_tile_bytes(c) == 128 * (128 + C_ROW_PAD) * 2 == 34816
     assert smem_bytes(c) == 187392 + 34816 and check(c) == []
-    moe = Config(tile_n=192, async_epilogue=True, a_slots=5)
+    moe = Config(tile_n=192, a_slots=5)
     assert smem_bytes(moe) == 1024 + 3 * (24576 + 4096) + 5 * 16384 + 51200 == 220160
     assert check(moe) == []
-    assert check(Config(tile_n=192, async_epilogue=True)) == [
+    assert check(Config(tile_n=192)) == [
         f"stages 3 with tile_m 128, tile_n 192 and a_slots 8 needs 269312 bytes of shared "
         f"memory, more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or "
-        f"tile_n, or turn async_epilogue off (its C tile takes 51200 bytes)"]
-    dense = Config(tile_m=64, tile_n=192, async_epilogue=True)  # 64 x 200 fp16: 25 KiB exactly
-    assert smem_bytes(dense) == smem_bytes(Config(tile_m=64, tile_n=192)) + 25600
+        f"tile_n (its C tile takes 51200 bytes)"]
+    dense = Config(tile_m=64, tile_n=192)  # 64 x 200 fp16: 25 KiB exactly
+    assert smem_bytes(dense) == 1024 + 3 * (24576 + 4096) + 8 * 8192 + 25600
 
 
 @NEEDS_DSL
@@ -58,87 +66,88 @@ def test_patch_ahead_adds_one_descriptor_set() -> None:
     from kernels.sm90.grouped_gemm import Sm90GroupedGemm
     from kernels.sm90.tma import sets_needed
 
-    ring = 3  # stages 3; a_slots 8 = 2 stages of A
-    assert Sm90GroupedGemm(Config()).desc_sets == sets_needed(ring) == 4
-    assert Sm90GroupedGemm(Config(patch_ahead=True)).desc_sets == 5
+    ring = 3  # stages 3 (v2, and v3 whose a_slots 8 are 2 stages of A)
+    assert Sm90GroupedGemm(Config(**V2)).desc_sets == sets_needed(ring) == 4
+    assert Sm90GroupedGemm(Config()).desc_sets == sets_needed(ring + 1) == 5
 
 
 def test_tile_m_256_fits_with_three_a_slots() -> None:
     """bench_large's kernel: 256 rows x 64 K of fp16 A per slot, and a 256-row C tile."""
-    c = Config(tile_m=256, tile_n=128, a_slots=3, async_epilogue=True)
+    c = Config(tile_m=256, tile_n=128, a_slots=3)
     assert check(c) == []
     assert c_tile_bytes(c) == 256 * (128 + C_ROW_PAD) * 2 == 69632
     assert smem_bytes(c) == 1024 + 3 * 18432 + 3 * 32768 + 69632 == 224256
-    assert check(Config(tile_m=256, tile_n=128, a_slots=4, async_epilogue=True)) == [
+    assert check(Config(tile_m=256, tile_n=128, a_slots=4)) == [
         f"stages 3 with tile_m 256 and a_slots 4 needs 257024 bytes of shared memory, more than "
-        f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots, or turn "
-        f"async_epilogue off (its C tile takes 69632 bytes)"]
+        f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots (its C tile takes "
+        f"69632 bytes)"]
 
 
 def test_tile_m_112_fits_with_five_a_slots() -> None:
     """moe_down's kernel: 112 rows x 64 K of fp16 A per slot (14 KiB, so every slot stays
     1024-aligned for the 128-byte swizzle), and a 112-row C tile."""
-    c = Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True, stream_a=True)
+    c = Config(tile_m=112, tile_n=192, a_slots=5, stream_a=True)
     assert check(c) == []
     assert c_tile_bytes(c) == 112 * (192 + C_ROW_PAD) * 2 == 44800
     assert smem_bytes(c) == 1024 + 3 * (192 * 128 + 2 * 2048) + 5 * 14336 + 45056 == 203776
     assert (112 * 64 * 2) % 1024 == 0
 
 
-# The refusal of each option that only the staged-A (a_fp16) data-parallel kernel has.
-PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true and stream_k: false (only the default "
-                     "staged-A producer looks ahead)")
-ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true and stream_k: false (only the "
-                        "default staged-A consumer hands its tiles over)")
-STREAM_A_NEEDS = ("stream_a needs a_fp16: true and stream_k: false (only the default staged-A "
-                  "producer waits for streamed A)")
+# The refusal of each option that only the staged-A (a_fp16) kernel has.
+PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true (only the default staged-A producer looks "
+                     "ahead)")
+ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true (only the default staged-A consumer "
+                        "hands its tiles over)")
+STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A producer waits for "
+                  "streamed A)")
 
 
 @pytest.mark.parametrize("kwargs, reason", [
     ({"tile_m": 256, "tile_n": 192, "a_slots": 2},
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
      "accumulator), but got a_fp16 True and tile_n 192"),
-    ({"tile_m": 256, "a_fp16": False},
+    ({"tile_m": 256, **V2},
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
      "accumulator), but got a_fp16 False and tile_n 128"),
     ({"tile_m": 104}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 104"),
     ({"tile_m": 32}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 32"),
-    ({"tile_m": 112, "a_fp16": False},
+    ({"tile_m": 112, **V2},
      "tile_m 112 needs a_fp16: true (a v2 tile reads its A scales from one 128-row block, "
      "which this tile_m does not divide)"),
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
-    ({"patch_ahead": True, "a_fp16": False},
+    ({**V2, "patch_ahead": True},
      PATCH_AHEAD_NEEDS),
-    ({"patch_ahead": True, "stream_k": True},
-     PATCH_AHEAD_NEEDS),
+    ({"patch_ahead": False},
+     "patch_ahead must be true with a_fp16: true (the v3 kernel has no other path: patching at "
+     "each tile's start was slower, bench/RESULTS.md seventh session), but got false"),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
-    ({"async_epilogue": True, "a_fp16": False},
-     ASYNC_EPILOGUE_NEEDS),
-    ({"async_epilogue": True, "stream_k": True},
+    ({"async_epilogue": False},
+     "async_epilogue must be true with a_fp16: true (the v3 kernel has no other path: its "
+     "consumers' own C stores were slower, bench/RESULTS.md sixth session), but got false"),
+    ({**V2, "async_epilogue": True},
      ASYNC_EPILOGUE_NEEDS),
     ({"stream_a": 1}, "stream_a must be true or false, but got 1"),
     ({"stream_a": "yes"}, "stream_a must be true or false, but got 'yes'"),
     ({"stream_a": None}, "stream_a must be true or false, but got None"),
-    ({"stream_a": True, "a_fp16": False}, STREAM_A_NEEDS),
-    ({"stream_a": True, "stream_k": True}, STREAM_A_NEEDS),
-    ({"a_fp16": True, "w_regs": False},
-     "a_fp16 needs w_regs: true (weights in registers, A from shared memory)"),
+    ({**V2, "stream_a": True}, STREAM_A_NEEDS),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
     ({"a_fp16": 1}, "a_fp16 must be true or false, but got 1"),
     ({"w_prefetch": "yes"}, "w_prefetch must be true or false, but got 'yes'"),
-    ({"w_prefetch": True, "a_fp16": False},
+    ({**V2, "w_prefetch": True},
      "w_prefetch needs a_fp16: true (only the staged-A kernel has it)"),
     ({"a_slots": 12},
-     f"stages 3 with tile_m 128 and a_slots 12 needs 252928 bytes of shared memory, more than "
-     f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots"),
-    ({"tile_n": 192, "a_fp16": False},
+     f"stages 3 with tile_m 128 and a_slots 12 needs 287744 bytes of shared memory, more than "
+     f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots (its C tile takes 34816 "
+     f"bytes)"),
+    ({"tile_n": 192, **V2},
      "tile_n 192 needs a_fp16: true (only the staged-A kernel has more than two consumer "
      "warpgroups)"),
     ({"tile_n": 256}, "tile_n must be one of [128, 192], but got 256"),
     ({"tile_n": 192, "a_slots": 9},
-     f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 234496 bytes of shared memory, "
-     f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n"),
-    ({"a_fp16": False, "stages": 5},
+     f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 285696 bytes of shared memory, "
+     f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n (its "
+     f"C tile takes 51200 bytes)"),
+    ({**V2, "stages": 5},
      f"stages 5 with tile_m 128 needs 235520 bytes of shared memory, more than the "
      f"{SMEM_LIMIT} a Hopper CTA can use; lower stages"),
 ])
@@ -149,8 +158,7 @@ def test_rejected_configs_say_why(kwargs, reason) -> None:
 def test_stream_a_is_off_by_default_and_costs_no_shared_memory() -> None:
     """Its progress counters live in the workspace header, not in shared memory."""
     assert Config().stream_a is False
-    for kwargs in ({}, {"tile_n": 192, "a_slots": 5, "async_epilogue": True, "patch_ahead": True},
-                   {"tile_m": 256, "tile_n": 128, "a_slots": 3, "async_epilogue": True}):
+    for kwargs in ({}, {"tile_n": 192, "a_slots": 5}, {"tile_m": 256, "tile_n": 128, "a_slots": 3}):
         on = Config(stream_a=True, **kwargs)
         assert check(on) == []
         assert smem_bytes(on) == smem_bytes(Config(**kwargs))
@@ -180,8 +188,7 @@ def test_stream_a_groups_need_one_k_and_at_most_32(ks: list[int], reasons: list[
 @pytest.mark.parametrize("ks", [[2048], [7168, 2048], [256] * 100, [512] + [256] * 40])
 def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
     assert check_groups(Config(), ks) == []
-    assert check_groups(Config(a_fp16=False), ks) == []
-    assert check_groups(Config(stream_k=True), ks) == []
+    assert check_groups(Config(**V2), ks) == []
 
 
 @pytest.mark.parametrize("warpgroups, producer, consumer, fits", [

@@ -1,6 +1,6 @@
-"""The register-B K order (Config.w_regs) must match between the two wgmma operands.
+"""The register-B K order must match between the two wgmma operands.
 
-With w_regs the weights are dequantized straight into wgmma A-operand registers and the
+The weights are dequantized straight into wgmma A-operand registers and the
 activations into a shared-memory tile; the K order inside each 64-K step is ours to choose, but
 it must be the SAME permutation on both sides or every dot product is wrong. This emulates both
 placements with the formulas the kernel uses (kernels/sm90/fp4_bits.py) and the register

@@ -10,7 +10,8 @@ pytestmark = NEEDS_DSL
 
 SCRIPT = """
 out = {}
-for name, opts in (("off", {"tile_n": 192}), ("on", {"tile_n": 192, "w_prefetch": True})):
+for name, opts in (("off", {"tile_n": 192, "a_slots": 5}),
+                   ("on", {"tile_n": 192, "a_slots": 5, "w_prefetch": True})):
     ptx = compile_kernel(Config(**opts), arch="sm_90a", groups=[(128, 4096, 7168)]).ptx
     # In each 64-K step (text up to its wgmma fence), do shared loads follow the step's scale
     # conversion? Only when they belong to the next step.

@@ -34,6 +34,10 @@ TILE_NS = (128, 192)
 
 @dataclass(frozen=True)
 class Config:
+    """The sm_90a kernel's build options. The defaults are the shipped v3 kernel (staged A,
+    async epilogue, descriptors patched ahead: what shapes.yaml's sm_90a defaults give); v2 is
+    `a_fp16: false` with `async_epilogue: false, patch_ahead: false` (the mixed_v2 set)."""
+
     acc_stages: int = 1
     # The element type C is written in (shapes.yaml `out_dtypes`, its own key, like acc_stages):
     # the epilogue multiplies the fp32 accumulator by the group's alpha, then rounds to it.
@@ -41,9 +45,6 @@ class Config:
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 3  # shared-memory stages of the packed-operand pipeline
-    # B (weights) dequantized straight into wgmma A-operand registers (RS wgmma) instead of
-    # through a shared-memory fp16 tile: halves the shared-memory traffic of each step.
-    w_regs: bool = True
     # A (activations) converted to fp16 once per call, by every CTA before a grid-wide barrier,
     # into a workspace the GEMM phase then loads with TMA: the tile loop converts only weights
     # (otherwise each CTA re-converts its A rows for every weight tile it computes).
@@ -55,24 +56,25 @@ class Config:
     # conversion chain. 1-2% slower on the H200 in the fifth session; since the twelfth, 3-4%
     # faster on dense_a (112 x 128), and still slower on moe_down (bench/RESULTS.md).
     w_prefetch: bool = False
-    # With a_fp16: the tiles past the last full wave are split by K across all CTAs (stream-K,
-    # kernels/sm90/stream_k.py), partial sums passed through the workspace. On the H200 it lost
-    # 7% on moe_down and 3-8 us on the dense sets (bench/RESULTS.md, 2026-11-30, sixth session).
-    stream_k: bool = False
-    # With a_fp16: the consumers write each finished tile into a shared-memory C tile and go on
-    # to the next tile; the producer warpgroup's three idle warps copy it to global memory.
-    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128).
-    async_epilogue: bool = False
-    # With a_fp16: the producer patches the descriptors of its next tile's group one tile
+    # v3 (a_fp16) only, and always on there (the consumers' own C stores lost in measurement,
+    # wip-v3-direct-epilogue): the consumers write each finished tile into a shared-memory C
+    # tile and go on to the next tile; the producer warpgroup's three idle warps copy it out.
+    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128,
+    # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (bench/RESULTS.md,
+    # 2026-11-30, sixth session).
+    async_epilogue: bool = True
+    # v3 (a_fp16) only, and always on there (wip-v3-direct-epilogue has the patch at the tile
+    # start): the producer patches the descriptors of its next tile's group one tile
     # ahead (and prefetches them), instead of when that tile starts; a group change then no
     # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
-    patch_ahead: bool = False
+    # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (bench/RESULTS.md, seventh session).
+    patch_ahead: bool = True
     # With a_fp16: phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps
     # 1..3 stage A in K order (kernels/sm90/staging.py, "streamed staging") while the consumers
     # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
     # and at most LANE_GROUPS groups (check_groups).
     stream_a: bool = False
-    # Diagnostics only (never in shapes.yaml): with a_fp16 and without stream_k, the producer and
+    # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which bench/trace_run.py reads back. The default cubins are unchanged.
     trace: bool = False
@@ -167,19 +169,26 @@ def smem_bytes(config: Config) -> int:
                 + c_tile)
     packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
     scales = config.stages * 2 * SCALE_STAGE_BYTES
-    fp16_rows = config.tile_m + (0 if config.w_regs else config.tile_n)
-    # With w_regs the B tile is a 1024-aligned 32-byte placeholder: one more KiB.
-    fp16 = FP16_BUFFERS * fp16_rows * SUB_K * 2 + (1024 if config.w_regs else 0)
+    # Then a 1024-aligned 32-byte placeholder where a shared fp16 B tile was (the weights go to
+    # wgmma in registers): one more KiB, kept so that the v2 cubins did not change.
+    fp16 = FP16_BUFFERS * config.tile_m * SUB_K * 2 + 1024
     return 1024 + packed + scales + fp16
 
 
-# Options only the staged-A (a_fp16) data-parallel kernel has, each with the reason why.
-_STAGED_DATA_PARALLEL_ONLY = (
+# Options only the staged-A (a_fp16) kernel has, each with the reason why.
+_STAGED_ONLY = (
     ("async_epilogue", "only the default staged-A consumer hands its tiles over"),
     ("patch_ahead", "only the default staged-A producer looks ahead"),
     ("stream_a", "only the default staged-A producer waits for streamed A"),
-    ("trace", "its record sits where stream-K's partial slots would"),
+    ("trace", "only the staged-A roles stamp it"),
 )
+
+
+# Options v3 always has (their off paths lost in measurement; branch wip-v3-direct-epilogue).
+_STAGED_ALWAYS = {
+    "async_epilogue": "its consumers' own C stores were slower, bench/RESULTS.md sixth session",
+    "patch_ahead": "patching at each tile's start was slower, bench/RESULTS.md seventh session",
+}
 
 
 def check(config: Config) -> list[str]:
@@ -193,8 +202,6 @@ def check(config: Config) -> list[str]:
                        f"accumulates in registers), but got {config.acc_stages}")
     if config.tile_m not in TILE_MS:
         reasons.append(f"tile_m must be one of {list(TILE_MS)}, but got {config.tile_m}")
-    if not isinstance(config.w_regs, bool):
-        reasons.append(f"w_regs must be true or false, but got {config.w_regs!r}")
     if config.tile_n not in TILE_NS:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
     if not isinstance(config.a_fp16, bool):
@@ -211,23 +218,17 @@ def check(config: Config) -> list[str]:
                        "has more than two consumer warpgroups)")
     if not isinstance(config.w_prefetch, bool):
         reasons.append(f"w_prefetch must be true or false, but got {config.w_prefetch!r}")
-    if not isinstance(config.stream_k, bool):
-        reasons.append(f"stream_k must be true or false, but got {config.stream_k!r}")
-    if config.stream_k is True and config.a_fp16 is False:
-        reasons.append("stream_k needs a_fp16: true (only the staged-A kernel has it)")
-    if config.stream_k is True and config.w_prefetch is True:
-        reasons.append("stream_k and w_prefetch do not combine (the stream-K consumer has no "
-                       "prefetching path)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
-    for name, why in _STAGED_DATA_PARALLEL_ONLY:
+    for name, why in _STAGED_ONLY:
         value = getattr(config, name)
         if not isinstance(value, bool):
             reasons.append(f"{name} must be true or false, but got {value!r}")
-        elif value and (config.a_fp16 is False or config.stream_k is True):
-            reasons.append(f"{name} needs a_fp16: true and stream_k: false ({why})")
-    if config.a_fp16 and not config.w_regs:
-        reasons.append("a_fp16 needs w_regs: true (weights in registers, A from shared memory)")
+        elif value and config.a_fp16 is False:
+            reasons.append(f"{name} needs a_fp16: true ({why})")
+        elif name in _STAGED_ALWAYS and not value and config.a_fp16 is True:
+            reasons.append(f"{name} must be true with a_fp16: true (the v3 kernel has no other "
+                           f"path: {_STAGED_ALWAYS[name]}), but got false")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:
@@ -240,6 +241,6 @@ def check(config: Config) -> list[str]:
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
             "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
             + (" or tile_n" if config.tile_n != 128 else "")
-            + (f", or turn async_epilogue off (its C tile takes {c_tile_bytes(config)} bytes)"
+            + (f" (its C tile takes {c_tile_bytes(config)} bytes)"
                if config.async_epilogue else ""))
     return reasons

@@ -28,7 +28,7 @@ W_SCALE_F16X2 = 0x00010001 * ((15 + W_SCALE_EXP) << 10)  # fp16 2^W_SCALE_EXP in
 ACC_UNSCALE = W_UNSCALE * W_UNSCALE
 
 
-# K order of a 64-K step when B (weights) goes to wgmma in registers (Config.w_regs). Packed
+# K order of a 64-K step when B (weights) goes to wgmma in registers (weights.py). Packed
 # word j (8 e2m1, physical K 8j..8j+7) of a row yields output pairs q = 0..3 holding physical K
 # (8j + q, 8j + q + 4) (see dequant.py). Pair q of word j is placed at logical K
 # 32 (j // 4) + 8 q + 2 (j % 4): for the register operand that is fragment slot

@@ -27,9 +27,6 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        bounds checks (rows >= m and cols >= n untouched); with Config.async_epilogue (on for
        every v3 set of shapes.yaml) the consumers write the tile into a padded shared C tile
        and go on, and warps 1..3 (idle since phase 1) store it in 16-byte vectors.
-With Config.stream_k the tiles past the last full wave are split by K across all CTAs, partial
-sums passing through the workspace (stream_k_roles.py; slower than data-parallel on the H200
-except for bench_large, bench/RESULTS.md).
 v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
 swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
 small problems, where phase 1 and the barrier cost more than the conversions they save.
@@ -50,8 +47,7 @@ Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, s
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
 versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
 are mixins: staged.py (v3: phase 1, grid barrier, producer and consumers of the staged-A loop),
-streamed.py (v3's stream_a: staging overlapped with the tiles), stream_k_roles.py (v3's
-stream-K producer and consumers), per_tile.py (v2) and weights.py (weights into wgmma
+streamed.py (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into wgmma
 registers, both versions); structure.py has the layout constants they share. Bit tricks live
 in fp4_bits.py / dequant.py, PTX in ptx.py.
 """
@@ -78,6 +74,7 @@ from kernels.introspect import (lowered_launch, ptx_cluster_dims, ptx_reqntid,
                                 subbyte_tma_geometry, tma_swizzle)
 
 from . import tma
+from .context import CtaContext
 from .config import (FP16_BUFFERS, K_TILE, N_MULTIPLE, SCALE_ATOM_BYTES, SCALE_STAGE_BYTES, SUB_K,
                      TRACE_BYTES, Config, c_tile_bytes, check, check_groups, scale_blocks,
                      smem_bytes)
@@ -86,7 +83,6 @@ from .per_tile import PerTileA
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
 from .staging import STREAM_HEADER_BYTES
-from .stream_k_roles import StreamK
 from .streamed import StreamedA
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
 from .trace import TraceStamps
@@ -100,7 +96,7 @@ _PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, TraceStamps):
+class Sm90GroupedGemm(StagedA, StreamedA, PerTileA, WeightFragments, TraceStamps):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     def __init__(self, config: Config) -> None:
@@ -116,17 +112,13 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         self.scale_blocks = scale_blocks(config.tile_n)
         self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
-        self.w_regs = config.w_regs
         self.a_fp16 = config.a_fp16
-        # Stream-K: per CTA one fp32 partial tile, then its ready flag on a line of its own.
-        self.sk_flag_offset = config.tile_n * config.tile_m * 4
-        self.sk_slot_bytes = (self.sk_flag_offset + 128) if config.stream_k else 0
         self.trace_bytes = TRACE_BYTES if config.trace else 0  # Config.trace's record per CTA
         # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
         # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
-        # patch_ahead patches a set one tile before its loads: one set more in the rotation.
+        # v3 patches a set one tile before its loads (patch_ahead): one set more in the rotation.
         self.desc_sets = tma.sets_needed(
-            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + int(config.patch_ahead))
+            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + 1)
             if config.a_fp16 else config.stages)
         # The zeroed header at the workspace's start and the grid_barrier parameter: the grid
         # barrier (staged.py), or with stream_a the progress counters (staging.py).
@@ -210,11 +202,9 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
-        fb_layout, fa_layout = self._fp16_layouts()
+        fa_layout = self._fp16_a_layout()
 
         stages = self.stages
-
-        fb_elems = 16 if self.w_regs else cute.cosize(fb_layout)  # unused without an fp16 B tile
 
         @cute.struct
         class SharedStorage:
@@ -229,7 +219,9 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                 cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
             fp16_a: cute.struct.Align[
                 cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024]
-            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, fb_elems], 1024]
+            # Where a shared fp16 B tile was (the weights now go to wgmma in registers): kept,
+            # unused, so that the v2 cubins did not change.
+            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, 16], 1024]
 
         self.shared_storage = SharedStorage
         if cutlass.const_expr(self.a_fp16):
@@ -241,13 +233,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                 "mbar": cute.struct.MemRange[Int64, stages * 2],
                 "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
             }
-            if cutlass.const_expr(self.config.async_epilogue):
-                # The storers' look-ahead for the consumers: (k, first scale row) of the tile
-                # after the one being handed over. Inside the barriers' first KiB, so the size
-                # is config.smem_bytes's.
-                fields["next_tile"] = cute.struct.MemRange[Int32, 2]
-                # The C scale (_c_scale) of the tile being handed over, posted by the storers.
-                fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
+            # The storers' look-ahead for the consumers: (k, first scale row) of the tile after
+            # the one being handed over. Inside the barriers' first KiB, so the size is
+            # config.smem_bytes's.
+            fields["next_tile"] = cute.struct.MemRange[Int32, 2]
+            # The C scale (_c_scale) of the tile being handed over, posted by the storers.
+            fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
             fields |= {
                 "packed_b": cute.struct.Align[
                     cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
@@ -255,9 +246,8 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
                     cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128],
                 "a16": cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024],
             }
-            if cutlass.const_expr(self.config.async_epilogue):
-                fields["c_tile"] = cute.struct.Align[
-                    cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
+            fields["c_tile"] = cute.struct.Align[
+                cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
             self.shared_storage = cute.struct(
                 type("SharedStorageA16", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()
@@ -272,17 +262,17 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
 
     def _tiled_mma(self) -> cute.TiledMma:
         # wgmma M walks B rows (64 per warpgroup), wgmma N walks A rows.
-        source = warpgroup.OperandSource.RMEM if self.w_regs else warpgroup.OperandSource.SMEM
         return sm90_utils.make_trivial_tiled_mma(
             Float16, Float16, OperandMajorMode.K, OperandMajorMode.K, Float32,
-            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m), a_source=source,
+            (self.tile_n // 64, 1, 1), tiler_mn=(64, self.tile_m),
+            a_source=warpgroup.OperandSource.RMEM,
         )
 
-    def _fp16_layouts(self) -> tuple[Any, Any]:
-        """K-major 128B-swizzled fp16 tiles (B rows, A rows) x 64 K, FP16_BUFFERS deep."""
-        mnk = (self.tile_n, self.tile_m, SUB_K)
-        return (sm90_utils.make_smem_layout_a(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS),
-                sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR, mnk, Float16, FP16_BUFFERS))
+    def _fp16_a_layout(self) -> Any:
+        """v2's K-major 128B-swizzled fp16 A tiles (tile_m rows x 64 K), FP16_BUFFERS deep."""
+        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
+                                             (self.tile_n, self.tile_m, SUB_K), Float16,
+                                             FP16_BUFFERS)
 
     def _a16_layout(self) -> Any:
         """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
@@ -329,22 +319,27 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
             trap()
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
-        # Read by the epilogues through _c_scale (a trace-time handle, like self.config).
-        self.alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
+        # Read by the epilogues through _c_scale (in the CtaContext the roles get).
+        alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         if cutlass.const_expr(self.a_fp16):
             self._kernel_a16(tma_b, tma_a, tma_sfb, storage, problem_sizes, pointers, cta_prefix,
-                             workspace, grid_barrier, num_groups, tidx, warp_idx, bidx, grid)
+                             alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
+                             bidx, grid)
         else:
             self._kernel_v2(tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                            cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid)
+                            cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
+                            grid)
 
     @cute.jit
-    def _tables(self, problem_sizes, pointers, cta_prefix, num_groups):
-        """The device tables as tensors (kernels/tables.py layouts), and the total tile count."""
+    def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                 grid) -> CtaContext:
+        """The device tables as tensors (kernels/tables.py layouts), the total tile count, this
+        CTA and the grid: the roles' read-only context."""
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
-        return sizes, ptrs, prefix, prefix[num_groups]
+        return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
+                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -416,12 +411,12 @@ class Sm90GroupedGemm(StagedA, StreamedA, StreamK, PerTileA, WeightFragments, Tr
         ptr = cute.make_ptr(Uint8, address, cute.AddressSpace.gmem, assumed_align=16)
         return cute.make_tensor(ptr, cute.make_layout(shape, stride=stride))
 
-    def _c_scale(self, group: Int32) -> Float32:
+    def _c_scale(self, cta: CtaContext, group: Int32) -> Float32:
         """What a tile of `group` multiplies its fp32 accumulator by before the cast: the
         group's alpha and ACC_UNSCALE (both operands leave dequant_word_w scaled by 2^-7), one
         factor, so the epilogue keeps one FMUL per element. Exact reordering: ACC_UNSCALE is a
         power of two, so acc * (alpha * 2^14) rounds as (acc * 2^14) * alpha does."""
-        return self.alpha_table[group] * Float32(ACC_UNSCALE)
+        return cta.alpha[group] * Float32(ACC_UNSCALE)
 
     @cute.jit
     def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,
@@ -491,16 +486,14 @@ def compile_kernel(config: Config, *, arch: str,
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
         # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
-        # Stream-K splits K over every CTA: the grid is all SMs even with fewer tiles.
         grid={"policy": "persistent", "ctas_per_sm": 1,
-              **({"cooperative": True} if config.a_fp16 else {}),
-              **({"every_sm": True} if config.stream_k else {})},
+              **({"cooperative": True} if config.a_fp16 else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
             header_bytes=gemm.header_bytes,
             bytes_per_a_element=2 if config.a_fp16 else 0,
-            extra_bytes_per_cta=gemm.sk_slot_bytes + gemm.trace_bytes),
+            extra_bytes_per_cta=gemm.trace_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
                      "n_multiple": N_MULTIPLE},
     )

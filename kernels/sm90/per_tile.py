@@ -28,13 +28,15 @@ class PerTileA:
 
     @cute.jit
     def _kernel_v2(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, problem_sizes, pointers,
-                   cta_prefix, workspace, num_groups, tidx, warp_idx, bidx, grid) -> None:
+                   cta_prefix, alpha_table, workspace, num_groups, tidx, warp_idx, bidx,
+                   grid) -> None:
         mainloop = self._tma_pipeline(
             storage.mbar, self.stages,
             (self.tile_n + self.tile_m) * PACKED_ROW_BYTES + 2 * SCALE_STAGE_BYTES)
 
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
+        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                            grid)
+        sizes, ptrs, prefix, total_tiles = cta.sizes, cta.ptrs, cta.prefix, cta.total_tiles
 
         # All 384 threads fit in the register file at the compiled count (ptxas reports 168),
         # so no setmaxnreg rebalancing: it is only safe when ptxas can honour the lower limit
@@ -43,9 +45,8 @@ class PerTileA:
             self._producer(tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs,
                            prefix, workspace, total_tiles, bidx, grid)
         if warp_idx >= 4:
-            fb_layout, fa_layout = self._fp16_layouts()
-            self._consumer(self._tiled_mma(), fb_layout, fa_layout, storage, mainloop, sizes, ptrs,
-                           prefix, total_tiles, bidx, grid, tidx - 128)
+            self._consumer(self._tiled_mma(), self._fp16_a_layout(), storage, mainloop, cta,
+                           tidx - 128)
 
     @cute.jit
     def _producer(self, tma_b, tma_a, tma_sfb, tma_sfa, storage, mainloop, sizes, ptrs, prefix,
@@ -108,35 +109,29 @@ class PerTileA:
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     @cute.jit
-    def _consumer(self, tiled_mma, fb_layout, fa_layout, storage, mainloop, sizes, ptrs, prefix,
-                  total_tiles, bidx, grid, ct) -> None:
+    def _consumer(self, tiled_mma, fa_layout, storage, mainloop, cta, ct) -> None:
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
         thr_mma = tiled_mma.get_slice(ct)
         frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
-        if cutlass.const_expr(self.w_regs):
-            # Two register fragments: a step writes one while the previous step's wgmma may
-            # still read the other (wait_group(1) retires the one before that).
-            frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                      for _ in range(2)]
-            words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-            frag_b = frag_w[0]
-        else:
-            fp16_b = storage.fp16_b.get_tensor(fb_layout.outer, swizzle=fb_layout.inner)
-            frag_b = tiled_mma.make_fragment_A(thr_mma.partition_A(fp16_b))
+        # Two register fragments: a step writes one while the previous step's wgmma may still
+        # read the other (wait_group(1) retires the one before that).
+        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                  for _ in range(2)]
+        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
         acc = cute.make_rmem_tensor(
             thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_b, mode=[2])
+        num_kblocks = cute.size(frag_w[0], mode=[2])
         step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_threads)
 
         packed_b = storage.packed_b.data_ptr().toint()
         packed_a = storage.packed_a.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
         scale_a = storage.scale_a.data_ptr().toint()
-        f16_b = storage.fp16_b.data_ptr().toint()
         f16_a = storage.fp16_a.data_ptr().toint()
-        fb_stride = self.tile_n * SUB_K * 2  # bytes per fp16 buffer
-        fa_stride = self.tile_m * SUB_K * 2
+        fa_stride = self.tile_m * SUB_K * 2  # bytes per fp16 buffer
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         step = Int32(0)
@@ -156,16 +151,10 @@ class PerTileA:
                     # Three buffers: the buffer written now was last read by the wgmma of step
                     # `step - 3`, which every consumer warpgroup retired (wait_group(1) at the end
                     # of step - 2) before arriving at the barrier of step - 1.
-                    if cutlass.const_expr(self.w_regs):
-                        self._dequant_b_fragment(
-                            words_w[s % 2], ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * SCALE_STAGE_BYTES)
-                    else:
-                        self._dequant_rows(
-                            self.tile_n, ct, s,
-                            packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
-                            scale_b + stage * SCALE_STAGE_BYTES, 0, f16_b + buf * fb_stride)
+                    self._dequant_b_fragment(
+                        words_w[s % 2], ct, s,
+                        packed_b + stage * (self.tile_n * PACKED_ROW_BYTES),
+                        scale_b + stage * SCALE_STAGE_BYTES)
                     self._dequant_rows(
                         self.tile_m, ct, s,
                         packed_a + stage * (self.tile_m * PACKED_ROW_BYTES),
@@ -179,11 +168,8 @@ class PerTileA:
                     step_barrier.arrive_and_wait()
                     warpgroup.fence()
                     for kb in cutlass.range_constexpr(num_kblocks):
-                        if cutlass.const_expr(self.w_regs):
-                            b_operand = frag_w[s % 2][None, None, kb]
-                        else:
-                            b_operand = frag_b[None, None, kb, buf]
-                        cute.gemm(tiled_mma, acc, b_operand, frag_a[None, None, kb, buf], acc)
+                        cute.gemm(tiled_mma, acc, frag_w[s % 2][None, None, kb],
+                                  frag_a[None, None, kb, buf], acc)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     step += 1
@@ -191,7 +177,7 @@ class PerTileA:
             warpgroup.wait_group(0)
             self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
                              tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                             self._c_scale(group))
+                             self._c_scale(cta, group))
             tile += grid
 
     @cute.jit
@@ -222,19 +208,13 @@ class PerTileA:
             both = scales_w(ld_shared_u16(scale_at - odd))
             one = prmt(both, 0, Uint32(0x1010) + Uint32(odd) * Uint32(0x2222))
             outs = [dequant_word_w(w[i], one, 0) for i in range(words)]
-        if cutlass.const_expr(self.w_regs):
-            # K order of the register B operand (see _dequant_b_fragment): output pair q of
-            # word j (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk
-            # 4 (j // 4) + q at byte 4 (j % 4): this thread's words fill one slice of 4 chunks.
-            for q in cutlass.range_constexpr(4):
-                chunk, byte = permuted_chunk(first_word, q)
-                dst_at = dst + r * (SUB_K * 2) + ((chunk ^ (r % 8)) * 16) + byte
-                if cutlass.const_expr(words == 4):
-                    st_shared_v4(dst_at, outs[0][q], outs[1][q], outs[2][q], outs[3][q])
-                else:
-                    st_shared_v2(dst_at, outs[0][q], outs[1][q])
-        else:
-            for i in cutlass.range_constexpr(words):
-                out_chunk = first_word + i  # 8 K = 16 bytes of fp16 per input word
-                dst_at = dst + r * (SUB_K * 2) + ((out_chunk ^ (r % 8)) * 16)
-                st_shared_v4(dst_at, outs[i][0], outs[i][1], outs[i][2], outs[i][3])
+        # K order of the register B operand (see _dequant_b_fragment): output pair q of word j
+        # (0..7) belongs at K 32 (j // 4) + 8 q + 2 (j % 4), i.e. 16-byte chunk 4 (j // 4) + q
+        # at byte 4 (j % 4): this thread's words fill one slice of 4 chunks.
+        for q in cutlass.range_constexpr(4):
+            chunk, byte = permuted_chunk(first_word, q)
+            dst_at = dst + r * (SUB_K * 2) + ((chunk ^ (r % 8)) * 16) + byte
+            if cutlass.const_expr(words == 4):
+                st_shared_v4(dst_at, outs[0][q], outs[1][q], outs[2][q], outs[3][q])
+            else:
+                st_shared_v2(dst_at, outs[0][q], outs[1][q])

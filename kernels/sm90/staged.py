@@ -47,7 +47,7 @@ HEADER_BYTES = 128
 BARRIER_GENERATION = 64
 STAGE_UNROLL = 4  # staging chunks whose loads one thread has in flight at once
 # async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
-# between the two sides (0 is the CTA's, 1 v2's step barrier, 2 stream-K's consumers): the C
+# between the two sides (0 is the CTA's, 1 v2's step barrier; 2 was stream-K's): the C
 # tile is free to write, and it is full.
 STORERS = 3 * 32
 _C_FREE, _C_FULL = 3, 4
@@ -66,8 +66,8 @@ class StagedA:
 
     @cute.jit
     def _kernel_a16(self, tma_b, tma_a16, tma_sfb, storage, problem_sizes, pointers,
-                    cta_prefix, workspace, grid_barrier, num_groups, tidx, warp_idx, bidx,
-                    grid) -> None:
+                    cta_prefix, alpha_table, workspace, grid_barrier, num_groups, tidx, warp_idx,
+                    bidx, grid) -> None:
         """Phase 1: every thread of every CTA converts a share of all groups' A to fp16 in the
         workspace; grid barrier. Phase 2: the persistent tile loop, with TMA loading fp16 A
         tiles into a ring the wgmma reads directly, and only the weights converted per tile.
@@ -76,40 +76,33 @@ class StagedA:
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
                                     self.tile_m * SUB_K * 2)
-        sizes, ptrs, prefix, total_tiles = self._tables(problem_sizes, pointers, cta_prefix,
-                                                        num_groups)
+        cta = self._context(problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
+                            grid)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, grid)
-        sk_base = a16_base  # stream-K: the CTAs' partial slots sit between descriptors and A
-        if cutlass.const_expr(self.config.stream_k):
-            a16_base = a16_base + grid * self.sk_slot_bytes
-            if tidx == 0:  # ordered before every CTA's wait by the grid barrier below
-                st_relaxed_gpu_u32(sk_base + bidx * self.sk_slot_bytes + self.sk_flag_offset, 0)
-
         if cutlass.const_expr(self.config.trace):
             a16_base = self._start_trace(workspace, a16_base, tidx, bidx, grid)
         desc_base = ws_base + self.header_bytes
         if cutlass.const_expr(self.config.stream_a):
-            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                 prefix, desc_base, a16_base, grid_barrier.toint(), total_tiles,
-                                 num_groups, tidx, warp_idx, bidx, grid)
+            self._roles_streamed(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                                 a16_base, grid_barrier.toint(), num_groups, tidx, warp_idx)
         else:
-            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                                prefix, desc_base, a16_base, sk_base, grid_barrier,
-                                total_tiles, num_groups, tidx, warp_idx, bidx, grid)
+            self._roles_barrier(tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                                a16_base, grid_barrier, num_groups, tidx, warp_idx)
 
     def _past_descriptors(self, ws_base, grid) -> Int64:
         """Workspace address past the zeroed header and every CTA's descriptor sets, where the
-        stream-K slots or the trace records and then the fp16 A begin (runtime/plan.py)."""
+        trace records (Config.trace) and then the fp16 A begin (runtime/plan.py)."""
         return ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
                                                      * tma.TENSORMAP_BYTES)
 
     @cute.jit
-    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                        prefix, desc_base, a16_base, header, total_tiles, num_groups, tidx,
-                        warp_idx, bidx, grid) -> None:
+    def _roles_streamed(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                        a16_base, header, num_groups, tidx, warp_idx) -> None:
         """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
         then store C tiles, the consumers start at once."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
         # this CTA happens before the stagers' first count, and CTA 0, which advances it only
         # after every count (acquiring them), cannot make a CTA of this launch see the next
@@ -131,9 +124,7 @@ class StagedA:
             else:
                 self._stage_streamed(lane_tables, num_groups, a16_base,
                                      self._progress_bank(header, epoch), tidx - 32, bidx, grid)
-                if cutlass.const_expr(self.config.async_epilogue):
-                    self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                      tidx - 32)
+                self._store_tiles(storage, cta, tidx - 32)
         else:
             if cutlass.const_expr(split is not None):
                 cute.arch.warpgroup_reg_alloc(split[1])
@@ -141,10 +132,11 @@ class StagedA:
                                total_tiles, bidx, grid, tidx - WARPGROUP)
 
     @cute.jit
-    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs,
-                       prefix, desc_base, a16_base, sk_base, grid_barrier, total_tiles,
-                       num_groups, tidx, warp_idx, bidx, grid) -> None:
+    def _roles_barrier(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, cta, desc_base,
+                       a16_base, grid_barrier, num_groups, tidx, warp_idx) -> None:
         """Phase 1 (all warps but warp 0 stage A), the grid barrier, then the roles."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         # The grid barrier's generation before this CTA arrives, read now so that its round
         # trip overlaps the staging: it cannot move before every CTA, this one included, has
         # arrived.
@@ -153,8 +145,7 @@ class StagedA:
             seen = ld_acquire_gpu_u32(grid_barrier.toint() + BARRIER_GENERATION)
         if warp_idx == 0:
             self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs,
-                                    prefix, desc_base, a16_base, total_tiles, bidx, grid,
-                                    num_groups)
+                                    prefix, desc_base, a16_base, total_tiles, bidx)
         else:
             self._stage_a(sizes, ptrs, num_groups, a16_base, tidx - 32, bidx, grid)
         cute.arch.barrier()
@@ -168,9 +159,6 @@ class StagedA:
         producer_args = (tma_b, tma_a16, tma_sfb, storage, b_pipe, a_pipe, sizes, ptrs, prefix,
                          desc_base, a16_base, total_tiles, bidx, grid)
         consumer_args = (storage, b_pipe, a_pipe, sizes, ptrs, prefix, total_tiles, bidx, grid)
-        if cutlass.const_expr(self.config.stream_k):
-            producer_args = (*producer_args, num_groups)
-            consumer_args = (*consumer_args, num_groups, sk_base)
         split = self._register_split()
         if cutlass.const_expr(split is not None):
             # The launch splits the register file evenly; the consumers need more. setmaxnreg is
@@ -179,24 +167,20 @@ class StagedA:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
-                    self._producer_role(*producer_args)
-                if cutlass.const_expr(self.config.async_epilogue):
-                    if warp_idx >= 1:
-                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                          tidx - 32)
+                    self._producer_a16(*producer_args)
+                if warp_idx >= 1:
+                    self._store_tiles(storage, cta, tidx - 32)
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
-                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_role(*producer_args)
-            if cutlass.const_expr(self.config.async_epilogue):
-                if warp_idx >= 1:
-                    if warp_idx < 4:
-                        self._store_tiles(storage, sizes, ptrs, prefix, total_tiles, bidx, grid,
-                                          tidx - 32)
+                self._producer_a16(*producer_args)
+            if warp_idx >= 1:
+                if warp_idx < 4:
+                    self._store_tiles(storage, cta, tidx - 32)
             if warp_idx >= 4:
-                self._consumer_role(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
+                self._consumer_a16(self._tiled_mma(), *consumer_args, tidx - WARPGROUP)
 
     def _register_split(self) -> tuple[int, int] | None:
         """(producer, consumer) registers per thread after setmaxnreg (REGISTER_SPLITS), or None
@@ -207,15 +191,6 @@ class StagedA:
                 return STREAM_A_SPLIT
             return REGISTER_SPLITS[warpgroups]
         return None
-
-    def _producer_role(self, *args) -> None:
-        """The producer of this build: stream-K (stream_k_roles.py) or data-parallel. Chosen
-        while tracing, so a build holds one of them."""
-        (self._producer_sk if self.config.stream_k else self._producer_a16)(*args)
-
-    def _consumer_role(self, *args) -> None:
-        """The consumers of this build, as _producer_role."""
-        (self._consumer_sk if self.config.stream_k else self._consumer_a16)(*args)
 
     @cute.jit
     def _stage_a(self, sizes, ptrs, num_groups, a16_base, tidx, bidx, grid) -> None:
@@ -396,7 +371,7 @@ class StagedA:
 
     @cute.jit
     def _producer_prologue(self, tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                           desc_base, a16_base, total_tiles, bidx, grid, num_groups) -> None:
+                           desc_base, a16_base, total_tiles, bidx) -> None:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
         group, and that tile's first weight stages in flight while the other warps stage A."""
         atoms = (tma_b, tma_a16, tma_sfb)
@@ -406,29 +381,23 @@ class StagedA:
         if cutlass.const_expr(self.config.trace):
             lane0 = Int32(cute.arch.lane_idx() == 0)
             self._stamp_cta(1, lane0)
-        first, kb = bidx, 0  # the data-parallel first tile, from its first stage
-        if cutlass.const_expr(self.config.stream_k):
-            group, pre, first, kb = self._sk_first(
-                sizes, prefix, total_tiles, bidx, grid, num_groups,
-                self._sk_range(sizes, prefix, total_tiles, bidx, grid, num_groups))
-        else:
-            group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
+        group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         if pre > 0:
-            _, m, n, k = self._group_of(first, group, prefix, sizes)
+            _, m, n, k = self._group_of(bidx, group, prefix, sizes)
             self._patch_descriptors_a16(atoms, ws, bidx, Int32(0), ptrs, sizes, group, a16_base,
                                         m, n, k)
             if cutlass.const_expr(self.config.trace):
                 self._stamp_cta(2, lane0)
-            _, tile_n_idx = self._tile_coords(first, group, prefix, m)
+            _, tile_n_idx = self._tile_coords(bidx, group, prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
             d_b = self._desc(ws, bidx, 0, OP_B)
             d_sfb = self._desc(ws, bidx, 0, OP_SFB)
-            for kt in cutlass.range(kb, kb + pre, unroll=1):
+            for kt in cutlass.range(0, 0 + pre, unroll=1):
                 b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt,
                                           tile_n_idx * self.tile_n)
                 if cutlass.const_expr(self.config.trace):
-                    self._stamp_cta(3, lane0 & Int32(kt == kb))
+                    self._stamp_cta(3, lane0 & Int32(kt == 0))
 
     @cute.jit
     def _produce_b(self, b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace=None) -> Any:
@@ -480,44 +449,12 @@ class StagedA:
         prev_group, pre = self._first_tile_prefetch(sizes, prefix, total_tiles, bidx)
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
-        if cutlass.const_expr(self.config.patch_ahead):
-            b_state, a_state = self._producer_tiles_ahead(
-                atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
-                a16_base, total_tiles, bidx, grid, pre, prev_group,
-                None if progress is None else (progress, sizes, grid))
-        else:
-            group = Int32(0)
-            desc_set = Int32(0)
-            ready = Int32(0)  # stream_a: streaming iterations known staged by every CTA
-            tile = bidx
-            while tile < total_tiles:
-                group, m, n, k = self._group_of(tile, group, prefix, sizes)
-                trace = None
-                if cutlass.const_expr(self.config.trace):
-                    trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
-                desc_set, prev_group = self._patch_on_group_change(
-                    atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group, a16_base, m, n, k)
-                b_state, a_state, ready = self._produce_piece(
-                    ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state, tile, group,
-                    prefix, m, 0, pre, k // K_TILE,
-                    None if progress is None else (progress, ready, sizes, grid), trace)
-                pre = Int32(0)
-                tile += grid
+        b_state, a_state = self._producer_tiles_ahead(
+            atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes, ptrs, prefix,
+            a16_base, total_tiles, bidx, grid, pre, prev_group,
+            None if progress is None else (progress, sizes, grid))
         b_pipe.producer_tail(b_state)
         a_pipe.producer_tail(a_state)
-
-    @cute.jit
-    def _patch_on_group_change(self, atoms, ws, bidx, desc_set, prev_group, ptrs, sizes, group,
-                               a16_base, m, n, k) -> tuple:
-        """When a tile's group differs from the previous tile's, patch the next descriptor set
-        for it (as the tile starts: the producers without patch_ahead). Returns the set and
-        group to use from now on (the caller rebinds them)."""
-        if group != prev_group:
-            desc_set = self._next_set(desc_set)
-            self._patch_descriptors_a16(atoms, ws, bidx, desc_set, ptrs, sizes, group,
-                                        a16_base, m, n, k)
-            prev_group = group
-        return desc_set, prev_group
 
     @cute.jit
     def _tile_loads(self, ws, bidx, desc_set, tile, group, prefix, m, streamed=None) -> tuple:
@@ -535,31 +472,6 @@ class StagedA:
             progress, sizes, grid = streamed
             wait = (progress, self._row_end(sizes, group, row_a, m), grid)
         return d_b, d_a, d_sfb, row_a, row_b, wait
-
-    @cute.jit
-    def _produce_piece(self, ws, bidx, desc_set, storage, b_pipe, a_pipe, b_state, a_state,
-                       tile, group, prefix, m, kb, pre, ke, streamed=None, trace=None) -> tuple:
-        """The loads of weight stages kb..ke-1 of one tile (the data-parallel producer's whole
-        tile, stream-K's piece of one) with descriptor set `desc_set`: the first `pre` stages'
-        weights are already loaded (the prologue's first tile), so only their A goes. Returns
-        the advanced pipeline states and `ready` (the caller rebinds them, as _produce_b's).
-        With stream_a, `streamed` is (progress, ready, sizes, grid) and each stage's A waits
-        until it is staged (streamed.py); without it `ready` stays 0."""
-        ready = Int32(0)
-        parts = None
-        if cutlass.const_expr(streamed is not None):
-            progress, ready, sizes, grid = streamed
-            parts = (progress, sizes, grid)
-        d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, bidx, desc_set, tile, group,
-                                                               prefix, m, parts)
-        for kt in cutlass.range(kb, kb + pre, unroll=1):  # weights already loaded
-            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        for kt in cutlass.range(kb + pre, ke, unroll=1):
-            b_state = self._produce_b(b_pipe, b_state, d_b, d_sfb, storage, kt, row_b, trace)
-            ready = self._stage_a_ready(wait, ready, kt, kb, trace)
-            a_state = self._produce_a(a_pipe, a_state, d_a, storage, kt, row_a, trace)
-        return b_state, a_state, ready
 
     @cute.jit
     def _producer_tiles_ahead(self, atoms, ws, storage, b_pipe, a_pipe, b_state, a_state, sizes,
@@ -659,7 +571,7 @@ class StagedA:
         self._install_descriptors(atoms, tensors, ws, bidx, desc_set)
 
     def _consumer_operands(self, tiled_mma, storage, ct) -> tuple:
-        """A consumer thread's view of the tile (both consumers, default and stream-K): the A
+        """A consumer thread's view of the tile: the A
         ring's wgmma fragments, two weight fragments (and their words), the accumulator, its
         coordinates, k-blocks per step, and the weight stages' shared addresses."""
         a16_layout = self._a16_layout()
@@ -727,21 +639,21 @@ class StagedA:
         return storage.tile_scale.get_tensor(cute.make_layout(1))
 
     @cute.jit
-    def _post_tile_scale(self, storage, tile, group, prefix, sizes, st) -> Int32:
+    def _post_tile_scale(self, storage, cta, tile, group, st) -> Int32:
         """Storers: post `tile`'s C scale for its hand-over; returns `tile`'s group (tiles only
         increase, so the walk goes on from `group`)."""
-        group, _, _, _ = self._group_of(tile, group, prefix, sizes)
+        group, _, _, _ = self._group_of(tile, group, cta.prefix, cta.sizes)
         if st == 0:
             scale_post = self._tile_scale_post(storage)
-            scale_post[0] = self._c_scale(group)
+            scale_post[0] = self._c_scale(cta, group)
         return group
 
     @cute.jit
-    def _post_next_tile(self, storage, tile, group, prefix, sizes, total_tiles, st) -> Int32:
+    def _post_next_tile(self, storage, cta, tile, group, st) -> Int32:
         """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
         tile); returns the group walked to (tiles only increase)."""
-        if tile < total_tiles:
-            group, k, row0 = self._consumer_tile(tile, group, prefix, sizes)
+        if tile < cta.total_tiles:
+            group, k, row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
             if st == 0:
                 posted = self._next_tile_post(storage)
                 posted[0] = k
@@ -749,11 +661,13 @@ class StagedA:
         return group
 
     @cute.jit
-    def _store_tiles(self, storage, sizes, ptrs, prefix, total_tiles, bidx, grid, st) -> None:
+    def _store_tiles(self, storage, cta, st) -> None:
         """async_epilogue, warps 1..3 (`st` 0..95): for each of this CTA's tiles, wait until the
         consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
         vectors, and hand the tile back (a full barrier, met by the consumers at their next
         tile's end)."""
+        sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
+        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         c_free, c_full = self._c_barriers()
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
@@ -763,13 +677,15 @@ class StagedA:
         # the first hand-over, then t + 2 grid after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
         # between tiles (bench/RESULTS.md, eleventh session).
-        ahead = self._post_next_tile(storage, bidx + grid, Int32(0), prefix, sizes, total_tiles,
-                                     st)
+        ahead = self._post_next_tile(storage, cta, bidx + grid, Int32(0), st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
         if bidx < total_tiles:
-            group = self._post_tile_scale(storage, bidx, group, prefix, sizes, st)
-        c_free.arrive_and_wait()  # the consumers' first hand-over: the tile starts empty
+            group = self._post_tile_scale(storage, cta, bidx, group, st)
+            # The consumers' first hand-over: the tile starts empty. A CTA with no tile meets no
+            # consumer there (the grid of a launch whose tile count the host cannot know,
+            # runtime/serving.py, is every SM: such CTAs must exit, not wait).
+            c_free.arrive_and_wait()
         tile = bidx
         while tile < total_tiles:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
@@ -778,8 +694,7 @@ class StagedA:
             col0 = tile_n_idx * self.tile_n
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
-            ahead = self._post_next_tile(storage, tile + 2 * grid, ahead, prefix, sizes,
-                                         total_tiles, st)
+            ahead = self._post_next_tile(storage, cta, tile + 2 * grid, ahead, st)
             for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8
@@ -790,7 +705,7 @@ class StagedA:
             tile += grid
             if tile < total_tiles:
                 # After this hand-over's second barrier: the consumers have read the last post.
-                group = self._post_tile_scale(storage, tile, group, prefix, sizes, st)
+                group = self._post_tile_scale(storage, cta, tile, group, st)
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes
 
     @cute.jit
@@ -805,35 +720,20 @@ class StagedA:
         prev_slot = Int32(0)
         group = Int32(0)
         tile = bidx
-        if cutlass.const_expr(self.config.async_epilogue):
-            # The storers write C, so a tile's k and scale row are all the consumers need:
-            # they walk the group table for their first tile only, and each hand-over brings
-            # the next tile's from the storers (_store_tiles).
-            k = Int32(0)
-            scale_row0 = Int32(0)
-            if tile < total_tiles:
-                group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
-            while tile < total_tiles:
-                b_state, a_state, prev_slot, trace = self._tile_k_loop(
-                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
-                    ct)
-                k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
-                tile += grid
-        else:
-            while tile < total_tiles:
-                group, m, n, k = self._group_of(tile, group, prefix, sizes)
-                tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
-                # The tile's first weight row within its 128-row scale block (0 unless 192).
-                scale_row0 = (tile_n_idx * self.tile_n) % 128
-                b_state, a_state, prev_slot, trace = self._tile_k_loop(
-                    tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
-                    b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
-                    ct)
-                self._store_tile(acc, coords, ptrs[group, tables.PTR_C], m, n,
-                                 tile_m_idx * self.tile_m, tile_n_idx * self.tile_n,
-                                 self._c_scale(group))
-                tile += grid
+        # The storers write C, so a tile's k and scale row are all the consumers need: they
+        # walk the group table for their first tile only, and each hand-over brings the next
+        # tile's from the storers (_store_tiles).
+        k = Int32(0)
+        scale_row0 = Int32(0)
+        if tile < total_tiles:
+            group, k, scale_row0 = self._consumer_tile(tile, group, prefix, sizes)
+        while tile < total_tiles:
+            b_state, a_state, prev_slot, trace = self._tile_k_loop(
+                tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
+                b_pipe, a_pipe, b_state, a_state, prev_slot, tile, k, scale_row0, bidx, grid,
+                ct)
+            k, scale_row0 = self._hand_over_tile(acc, coords, storage, trace)
+            tile += grid
 
     @cute.jit
     def _tile_k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b,
@@ -864,8 +764,8 @@ class StagedA:
     def _k_loop(self, tiled_mma, acc, frag_a, frag_w, words_w, num_kblocks, packed_b, scale_b,
                 b_pipe, a_pipe, b_state, a_state, prev_slot, kb, ke, scale_row0, ct,
                 trace=None) -> tuple:
-        """Weight stages kb..ke-1 of one tile into acc, zeroed first (the data-parallel
-        consumer runs a whole tile, stream-K a piece of one): each 64-K step dequantizes the
+        """Weight stages kb..ke-1 of one tile into acc, zeroed first: each 64-K step
+        dequantizes the
         weights into a register fragment and issues its wgmma on the A ring's slot, one step
         in flight. Returns the advanced pipeline states and the last A slot, already released
         (the caller rebinds them, as _produce_b's)."""

@@ -192,7 +192,7 @@ class StreamedA:
         """Warp 0 with stream_a: the prologue (descriptor templates, first weight stages), the
         tile loop with waits for staged A, and CTA 0's upkeep of the header."""
         self._producer_prologue(tma_b, tma_a16, tma_sfb, storage, b_pipe, sizes, ptrs, prefix,
-                                desc_base, a16_base, total_tiles, bidx, grid, num_groups)
+                                desc_base, a16_base, total_tiles, bidx)
         rows = self._rows_before(sizes, num_groups)
         per_iter, iterations = self._stream_iterations(rows, sizes[0, tables.COL_K], grid)
         progress = (self._progress_bank(header, epoch), rows, per_iter, iterations)

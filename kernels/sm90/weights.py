@@ -1,4 +1,4 @@
-"""The weights' path into wgmma registers (Config.w_regs): a consumer thread's packed words and
+"""The weights' path into wgmma registers (RS wgmma): a consumer thread's packed words and
 scales of one 64-K step, read from shared memory and converted into its A-operand fragment. A
 mixin of Sm90GroupedGemm (kernels/sm90/grouped_gemm.py)."""
 

@@ -1,0 +1,245 @@
+"""The serving contract (issue 26): stacked expert weights, tokens grouped by expert, offsets on
+the device, one CUDA graph for every routing.
+
+    out = gg.scaled_grouped_mm(a, b, sfa, sfb, offs, alpha=None, out=None,
+                               out_dtype=torch.bfloat16)
+
+- a: (T, K/2) packed e2m1 (torch.float4_e2m1fn_x2 or uint8), rows grouped by expert: expert g
+  owns rows offs[g-1] .. offs[g] (offs[-1] taken as 0); rows from offs[E-1] to T are ignored
+  and their output rows are not written.
+- b: (E, N, K/2), same dtypes, K-major (torch's mat_b is its .transpose(-2, -1) view).
+- sfa: e4m3 (or uint8) in the blocked 128x4 layout, each expert's rows padded to a multiple of
+  128 (expert g's scales start at row sum_{i<g} round_up(m_i, 128): torch's layout for
+  scaled_grouped_mm 2D x 3D). The host cannot know the m_i, so sfa must hold
+  round_up(T, 128) + 128 * E rows, enough for any routing.
+- sfb: (E, round_up(N, 128) * round_up(K/16, 4)) blocked, one expert per row.
+- offs: (E,) int32 CUDA tensor of cumulative end offsets, never read on the host.
+- alpha: (E,) float32 CUDA tensor or None; out: (T, N) bf16 or fp16 (its dtype decides).
+
+How (this first version): the kernels are the dynamic-m kernels of the list API, which read each
+group's m, pointers and tile prefix from device tables. Those tables are computed here from
+`offs` ON THE DEVICE with a few torch ops in the caller's stream (no host sync, capturable), and
+the kernel is launched on every SM (a persistent grid: CTAs past the tiles exit). Kernel choice
+depends only on (arch, E, N, K, T, output dtype). Bad offs cannot make it read or write out of
+bounds: the offsets are clamped to [0, T] and made non-decreasing (a running maximum) before any
+pointer is formed, so each expert's rows lie inside a and out, and its scale rows inside the
+sfa bound above.
+
+Host cost: the table ops are about a dozen small torch kernels per call (tens of microseconds of
+host time); a single AOT-built prep kernel is the next step (issue 26).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import torch
+
+from .dispatch import MN_LIMIT, dynamic_groups
+from .errors import InputError, NoKernelError
+from .manifest import KernelEntry
+from .plan import Plan, TABLE_ALIGN, _layout, grid_size
+from .validate import ALIGN, OUT_TORCH_DTYPES, check_alpha, out_dtype_name
+
+_FP4 = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
+_SF = (torch.float8_e4m3fn, torch.uint8)
+_FP4_NAMES = " or ".join(str(d) for d in _FP4)
+_SF_NAMES = " or ".join(str(d) for d in _SF)
+
+
+def scale_cols(k: int) -> int:
+    """Scale columns of one blocked row: round_up(K / 16, 4)."""
+    return -(-k // 64) * 4
+
+
+def sfa_rows_needed(t: int, experts: int) -> int:
+    """Blocked A-scale rows that hold any routing of t rows over `experts` experts, each
+    expert's rows padded to 128: round_up(t, 128) + 128 * experts."""
+    return -(-t // 128) * 128 + 128 * experts
+
+
+def _tensor(name: str, t: Any, dtypes: tuple, names: str, dims: int, shape_text: str
+            ) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name} must be a torch.Tensor, but got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise InputError(f"{name} must have dtype {names}, but got {t.dtype}")
+    if dims and t.dim() != dims:
+        raise InputError(f"{name} must be {dims}-D {shape_text}, but got shape "
+                         f"{tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise InputError(f"{name} must be contiguous, but got strides {t.stride()} for shape "
+                         f"{tuple(t.shape)}")
+    return t
+
+
+class ServingCall:
+    """A validated scaled_grouped_mm call's host-known facts."""
+
+    __slots__ = ("a", "alpha_ptr", "b", "dtype", "experts", "k", "n", "offs", "ordinal",
+                 "out", "sfa", "sfb", "t")
+
+    def __init__(self, **kw: Any) -> None:
+        for key, value in kw.items():
+            setattr(self, key, value)
+
+
+def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out: Any,
+                  out_dtype: Any) -> ServingCall:
+    """Every check of a scaled_grouped_mm call that needs no device data (nothing is read from
+    the GPU): dtypes, shapes, sizes, contiguity, devices, 16-byte alignment."""
+    a = _tensor("a", a, _FP4, _FP4_NAMES, 2, "(T, K/2) packed fp4")
+    b = _tensor("b", b, _FP4, _FP4_NAMES, 3, "(E, N, K/2) packed fp4")
+    sfa = _tensor("sfa", sfa, _SF, _SF_NAMES, 0, "")
+    sfb = _tensor("sfb", sfb, _SF, _SF_NAMES, 0, "")
+    offs = _tensor("offs", offs, (torch.int32,), "torch.int32", 1, "(E,)")
+    t, half_k = a.shape
+    experts, n, b_half_k = b.shape
+    if b_half_k != half_k:
+        raise InputError(f"b.shape[2] must equal a.shape[1] = {half_k} (K/2 bytes), but got "
+                         f"{b_half_k}")
+    if half_k <= 0 or half_k % 8:
+        raise InputError(f"a.shape[1] (K/2) must be a positive multiple of 8 (K a multiple of "
+                         f"16: one scale per 16 values), but got {half_k}")
+    if experts <= 0 or n <= 0:
+        raise InputError(f"b must have E > 0 experts of N > 0 rows, but got shape "
+                         f"{tuple(b.shape)}")
+    k = 2 * half_k
+    if offs.shape[0] != experts:
+        raise InputError(f"offs must have shape ({experts},) (one end offset per expert of b), "
+                         f"but got {tuple(offs.shape)}")
+    cols = scale_cols(k)
+    need = sfa_rows_needed(t, experts) * cols
+    if sfa.numel() < need:
+        raise InputError(
+            f"sfa must have at least {need} elements (room for any routing: round_up(T, 128) + "
+            f"128 * E = {sfa_rows_needed(t, experts)} blocked rows x {cols} scale columns, "
+            f"T = {t}, E = {experts}), but got {sfa.numel()}")
+    want_b = experts * (-(-n // 128) * 128) * cols
+    if sfb.numel() != want_b:
+        raise InputError(f"sfb must have {want_b} elements ((E, round_up(N, 128) * "
+                         f"round_up(K/16, 4)) = ({experts}, {want_b // experts})), but got "
+                         f"{sfb.numel()} (shape {tuple(sfb.shape)})")
+    if out is not None:
+        out = _tensor("out", out, tuple(OUT_TORCH_DTYPES.values()),
+                      "torch.float16 or torch.bfloat16", 2, "(T, N)")
+        if tuple(out.shape) != (t, n):
+            raise InputError(f"out must have shape (T, N) = {(t, n)}, but got "
+                             f"{tuple(out.shape)}")
+    dtype = out_dtype_name([out] if out is not None else None, out_dtype)
+    named = (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("offs", offs))
+    named += (("out", out),) if out is not None else ()
+    ordinal = a.get_device()
+    for name, x in named:
+        if x.device.type != "cuda":
+            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {x.device}")
+        if x.get_device() != ordinal:
+            raise InputError(f"{name} must be on a's device cuda:{ordinal}, but got {x.device}")
+        if name != "offs" and x.numel() and x.data_ptr() % ALIGN:
+            raise InputError(f"{name}'s data pointer must be {ALIGN}-byte aligned (TMA), but got "
+                             f"0x{x.data_ptr():x}")
+    alpha_ptr = 0 if alpha is None else check_alpha(alpha, experts, ordinal)
+    return ServingCall(a=a, b=b, sfa=sfa, sfb=sfb, offs=offs, out=out, t=t, n=n, k=k,
+                       experts=experts, dtype=dtype, ordinal=ordinal, alpha_ptr=alpha_ptr)
+
+
+def select_serving(kernels: tuple[KernelEntry, ...], arch: str | None, experts: int, n: int,
+                   k: int, t: int, dtype: str) -> KernelEntry:
+    """The dynamic-m kernel for E groups of (N, K) writing `dtype` whose max_m admits T rows
+    per expert (any routing may give one expert every row): host-known values only."""
+    want = tuple((n, k) for _ in range(experts))
+    for e in kernels:
+        if e.arch != arch or e.out_dtype != dtype:
+            continue
+        dyn = dynamic_groups(e)
+        if dyn is not None and dyn[0] == want and (dyn[1] is None or dyn[1] >= t):
+            if t * n >= MN_LIMIT:
+                raise InputError(f"a.shape[0] (T) must keep T * N < 2^31 (the kernels index C "
+                                 f"with 32-bit offsets; N = {n}), but got {t}")
+            return e
+    built = [f"  - {e.name}: {len(d[0])} x {d[0][0]}, max_m {d[1]}" for e in kernels
+             if e.arch == arch and (d := dynamic_groups(e)) is not None]
+    raise NoKernelError(
+        f"no built kernel serves scaled_grouped_mm with E = {experts} experts of (N, K) = "
+        f"({n}, {k}), T = {t} rows and {dtype} output on {arch}; nothing was launched. Declare "
+        f"a dynamic-m set of {experts} groups [{n}, {k}] (max_m unset or >= T) with {dtype} in "
+        f"its out_dtypes. Dynamic-m kernels built for {arch}:\n" + ("\n".join(built) or
+                                                                   "  (none)"))
+
+
+def device_tables(entry: KernelEntry, call: ServingCall, out: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(pointer table (E, 5) int64, problem sizes + CTA prefix in one int32 buffer, the prefix's
+    byte offset in it) computed from offs with torch ops on offs' device: no host sync, so a
+    CUDA graph captures them and replays them with each step's offs.
+
+    The offsets are clamped to [0, T] and made non-decreasing before use, so no value of offs
+    makes a pointer leave its tensor (module docstring)."""
+    lay = _layout(entry)
+    t, n, k, e = call.t, call.n, call.k, call.experts
+    ends = torch.cummax(call.offs.to(torch.int64).clamp(0, t), dim=0).values
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    m = ends - starts
+    sfa_rows = (m + 127) // 128 * 128
+    sfa_start = torch.cumsum(sfa_rows, 0) - sfa_rows
+    g = torch.arange(e, device=ends.device, dtype=torch.int64)
+    cols = scale_cols(k)
+    column = {
+        "a": starts * (k // 2) + call.a.data_ptr(),
+        "b": g * (n * k // 2) + call.b.data_ptr(),
+        "sfa": sfa_start * cols + call.sfa.data_ptr(),  # cols bytes per blocked row
+        "sfb": g * (-(-n // 128) * 128 * cols) + call.sfb.data_ptr(),
+        "c": starts * (n * out.element_size()) + out.data_ptr(),
+    }
+    pointers = torch.stack([column[c] for c in lay.pointer_columns], dim=1).contiguous()
+    size_of = {0: m, 1: torch.full_like(m, n), 2: torch.full_like(m, k), 3: torch.ones_like(m)}
+    sizes = torch.stack([size_of[i] for i in lay.size_index], dim=1).reshape(-1)
+    tiles = (m + lay.tile_m - 1) // lay.tile_m * (-(-n // lay.tile_n))
+    prefix = torch.cat([ends.new_zeros(1), torch.cumsum(tiles, 0)])
+    offset = -(-4 * sizes.numel() // TABLE_ALIGN) * TABLE_ALIGN  # bytes, as plan.pack_aligned
+    tables = torch.zeros(offset // 4 + prefix.numel(), dtype=torch.int32, device=ends.device)
+    tables[: sizes.numel()] = sizes.to(torch.int32)
+    tables[offset // 4:] = prefix.to(torch.int32)
+    return pointers, tables, offset
+
+
+def serving_plan(entry: KernelEntry, experts: int, n: int, k: int, t: int,
+                 sm_count: int) -> Plan:
+    """The launch plan of a serving call: what depends only on (kernel, E, N, K, T, device).
+
+    The grid is every SM's CTAs (the routing, hence the tile count, is unknown on the host:
+    CTAs past the last tile exit), and the workspace holds T rows of converted A (sum m = T for
+    any routing). Its tables are not used: they come from device_tables each call."""
+    lay = _layout(entry)
+    grid = grid_size(entry, 2**31 - 1, sm_count)
+    ones = struct.pack(f"<{experts}f", *(1.0,) * experts)
+    return Plan(entry=entry, shapes=tuple((0, n, k) for _ in range(experts)), problem_sizes=b"",
+                cta_prefix=(), total_tiles=-1, grid=grid,
+                workspace_bytes=lay.header + grid * lay.per_cta + t * k * lay.a_element,
+                workspace_header=lay.header, plan_tables=ones, cta_prefix_offset=0,
+                ones_offset=0, pointer_columns=lay.pointer_columns,
+                pointer_format=lay.pointer_format)
+
+
+def scaled_grouped_mm(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, *,
+                      alpha: Any = None, out: Any = None,
+                      out_dtype: Any = torch.bfloat16) -> torch.Tensor:
+    """See the module docstring. Raises InputError / NoKernelError with nothing launched."""
+    call = check_serving(a, b, sfa, sfb, offs, alpha, out, out_dtype)
+    rt = gg._runtime(call.ordinal)
+    entry = select_serving(gg.kernels, rt.arch, call.experts, call.n, call.k, call.t,
+                           call.dtype)
+    if alpha is not None and not entry.takes_alpha:
+        raise InputError(f"alpha was given, but kernel {entry.name!r} takes no alpha; rebuild "
+                         "the artifacts")
+    if out is None:
+        out = torch.empty((call.t, call.n), dtype=OUT_TORCH_DTYPES[call.dtype],
+                          device=rt.torch_device)
+    if call.t == 0:
+        return out
+    dp = rt.serving_plan(entry, call.experts, call.n, call.k, call.t)
+    with torch.cuda.device(call.ordinal):
+        pointers, tables, offset = device_tables(entry, call, out)
+    rt.launch_device_tables(dp, pointers, tables, offset, call.alpha_ptr)
+    return out
