@@ -138,7 +138,7 @@ def inspect_text(e: KernelEntry, artifact_dir: str) -> str:
         ("grid", f"{grid_text}; output tile {tile}; SM count {sms}"),
         ("cubin", f"{artifact_dir}/{e.cubin}, {kib(e.cubin_bytes)} KiB ({e.cubin_bytes} B), "
                   + f"sha256 {e.sha256[:12]}"),
-        ("served by", e.kernel.name),
+        ("record", f"kernel {e.kernel.name} (one cubin for every set of its key)"),
         ("key", e.key),
     ]
     width = max(len(k) for k, _ in head)
