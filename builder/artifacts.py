@@ -232,6 +232,10 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
                     raise BuildError(f"kernel {e.name} is in {first_dir} (key {first.key[:12]}) "
                                      f"and in {d} (key {e.key[:12]}) with different keys; "
                                      "were the shards built from different sources or specs?")
+                if first.serves != e.serves:
+                    raise BuildError(f"kernel {e.name} serves {first.serves.record()} in "
+                                     f"{first_dir} but {e.serves.record()} in {d}; were the "
+                                     "shards built from different specs?")
                 continue
             chosen[e.name] = (d, e)
         for k in m.kernels:

@@ -526,6 +526,14 @@ def test_shards_merged_equal_a_full_build(fake: Fake, tmp_path: Path) -> None:
 
 def test_merge_refuses_different_keys_and_versions(fake: Fake, tmp_path: Path) -> None:
     run(fake, tmp_path / "a")
+    # Same kernels (keys do not cover shapes), other shapes: a set record of another spec.
+    run(fake, tmp_path / "c", SPEC.replace("[192, 3072", "[200, 3072"))
+    with pytest.raises(BuildError) as info:
+        merge(tmp_path / "m", [tmp_path / "a", tmp_path / "c"])
+    assert str(info.value) == (
+        f"kernel dense.sm_100a.acc1.f16 serves {{'groups': [[192, 3072, 4096]]}} in "
+        f"{tmp_path / 'a'} but {{'groups': [[200, 3072, 4096]]}} in {tmp_path / 'c'}; were the "
+        "shards built from different specs?")
     with open(fake.family_dir("fake90") / "config.py", "a") as f:
         f.write("# changed\n")
     run(fake, tmp_path / "b")
