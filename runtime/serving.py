@@ -40,12 +40,8 @@ from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
 from .manifest import KernelEntry
 from .plan import Plan, TABLE_ALIGN, _layout, grid_size
-from .validate import ALIGN, OUT_TORCH_DTYPES, check_alpha, out_dtype_name
-
-_FP4 = tuple(d for d in (getattr(torch, "float4_e2m1fn_x2", None), torch.uint8) if d is not None)
-_SF = (torch.float8_e4m3fn, torch.uint8)
-_FP4_NAMES = " or ".join(str(d) for d in _FP4)
-_SF_NAMES = " or ".join(str(d) for d in _SF)
+from .validate import (_FP4, _FP4_NAMES, _SF, _SF_NAMES, ALIGN, OUT_TORCH_DTYPES, check_alpha,
+                       out_dtype_name)
 
 
 def scale_cols(k: int) -> int:

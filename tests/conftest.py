@@ -92,3 +92,22 @@ def run_sm90_script(script: str) -> Any:
                           text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ test tiers
+# dsl: compiles kernels with nvidia-cutlass-dsl (every test behind NEEDS_DSL / requires_dsl is
+# marked here, so `-m "not dsl"` really leaves the compiler out). slow: spawns builds, kills or
+# installs (seconds each). The edit loop: `pytest -m "not dsl and not gpu and not slow"`.
+_SLOW_MODULES = {"test_build_reliability.py", "test_build_faults.py", "test_package.py"}
+_SLOW_NAMES = ("killed", "concurrent", "clean_venv", "host_cost_bench", "shards_merged",
+               "cli_", "never_imports_cutlass", "opcheck", "does_not_register", "standard_recipe",
+               "lock", "toy_kernel", "second_run", "help_of_every")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if any("cutlass-dsl" in str(m.kwargs.get("reason", ""))
+               for m in item.iter_markers("skipif")):
+            item.add_marker(pytest.mark.dsl)
+        if item.path.name in _SLOW_MODULES or any(s in item.name for s in _SLOW_NAMES):
+            item.add_marker(pytest.mark.slow)
