@@ -36,7 +36,13 @@ from runtime.loader import (
     cubin_param_layout,
     device_offsets,
 )
-from runtime.manifest import MANIFEST_NAME, SCHEMA_VERSION, load_manifest, make_manifest, pack_offsets
+from runtime.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    load_manifest,
+    make_manifest,
+    pack_offsets,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(REPO / "artifacts")

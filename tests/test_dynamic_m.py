@@ -35,12 +35,12 @@ from builder.errors import BuildError
 from builder.families import load_families
 from builder.plan import DYNAMIC_M_PLACEHOLDER, BuildItem, expand
 from builder.report import served_groups
-from builder.worker import kernel_limits
 from builder.spec import parse_spec_text
+from builder.worker import kernel_limits
 from runtime import api, device_tables
 from runtime.dispatch import KernelIndex, dynamic_groups
-from runtime.errors import InputError, ManifestError, NoKernelError
 from runtime.entry_rules import check_kernel
+from runtime.errors import InputError, ManifestError, NoKernelError
 from runtime.manifest import load_manifest, make_manifest, parse_manifest
 from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
 from runtime.plan import make_plan
@@ -495,7 +495,6 @@ class FakeTable:
 @pytest.fixture
 def dev(monkeypatch: pytest.MonkeyPatch):
     from runtime import device as device_mod
-
     from runtime import launch as launch_mod
 
     drv = FakeDriver()
