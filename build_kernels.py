@@ -195,9 +195,10 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
     if report.rows:
         click.echo(summary_table(report.rows))
     compiled = sum(r.status == "compiled" for r in report.rows)
+    reused = sum(r.status == "reused" for r in report.rows)
     state = "written" if report.changed else "already up to date"
     click.echo(f"{out}: {len(report.rows)} kernel(s), {compiled} compiled, "
-               f"{len(report.rows) - compiled} reused; {state}")
+               f"{len(report.rows) - compiled - reused} shared, {reused} reused; {state}")
 
 
 ARTIFACTS_HELP = ("Artifact directory, or pkg:NAME for an installed artifact package "
@@ -231,9 +232,9 @@ def list_cmd(directory: str, as_json: bool) -> None:
 
     _, manifest = _open_manifest(directory)
     if as_json:
-        click.echo(json.dumps(list_rows(manifest.kernels), indent=1))
+        click.echo(json.dumps(list_rows(manifest.sets), indent=1))
     else:
-        click.echo(list_table(manifest.kernels))
+        click.echo(list_table(manifest.sets))
 
 
 @main.command(short_help="Show kernels in full: what they serve, launch ABI, resources.",
@@ -260,12 +261,12 @@ def inspect(kernel: str, directory: str, as_json: bool) -> None:
     from builder.report import inspect_dict, inspect_text
 
     path, manifest = _open_manifest(directory)
-    found = [e for e in manifest.kernels if e.name == kernel]
-    found = found or [e for e in manifest.kernels if e.set == kernel]
-    found = found or [e for e in manifest.kernels if fnmatch.fnmatchcase(e.name, kernel)]
+    found = [e for e in manifest.sets if e.name == kernel]
+    found = found or [e for e in manifest.sets if e.set == kernel]
+    found = found or [e for e in manifest.sets if fnmatch.fnmatchcase(e.name, kernel)]
     if not found:
         _fail(f"KERNEL must name a kernel, a set or a pattern matching kernels of {path}, but "
-              f"got {kernel!r}; kernels: {', '.join(e.name for e in manifest.kernels)}", 2)
+              f"got {kernel!r}; kernels: {', '.join(e.name for e in manifest.sets)}", 2)
     if as_json:
         click.echo(json.dumps([inspect_dict(e, str(path)) for e in found], indent=1))
     else:
@@ -288,8 +289,9 @@ def verify(directory: str) -> None:
         sys.exit(1)
     from runtime.manifest import load_manifest
 
-    n = len(load_manifest(directory).kernels)
-    click.echo(f"{directory}: ok ({n} kernel(s); every cubin matches its sha256, arch and symbol)")
+    m = load_manifest(directory)
+    click.echo(f"{directory}: ok ({len(m.sets)} kernel(s) served by {len(m.kernels)} cubin(s); "
+               "every cubin matches its sha256, arch and symbol)")
 
 
 @main.command(short_help="Combine shard artifact directories into one.",
@@ -309,7 +311,7 @@ def merge(out: str, dirs: tuple[str, ...], lock_timeout: float) -> None:
         manifest = run_merge(Path(out), [Path(d) for d in dirs], lock_timeout, on_lock_wait=_say)
     except BuilderError as exc:
         _fail(str(exc), 1)
-    click.echo(f"{out}: merged {len(manifest.kernels)} kernel(s) from {len(dirs)} director"
+    click.echo(f"{out}: merged {len(manifest.sets)} kernel(s) from {len(dirs)} director"
                f"{'y' if len(dirs) == 1 else 'ies'}")
 
 

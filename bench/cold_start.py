@@ -157,7 +157,7 @@ def pick_problem(artifacts: str, want: str | None) -> tuple[str, list[tuple[int,
     from runtime.manifest import load_manifest
 
     by_set = {}
-    for e in load_manifest(artifacts).kernels:
+    for e in load_manifest(artifacts).sets:
         if e.arch == "sm_90a":
             by_set.setdefault(e.set, e)
     order = [(want, None)] if want else list(PREFERRED)

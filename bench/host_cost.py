@@ -231,7 +231,7 @@ def measure_dynamic(gg, nk: tuple[tuple[int, int], ...], device: str, batch: int
     prefixes of fixed buffers, `out` given; the vectors never repeat within the run."""
     import random
 
-    from runtime.validate import blocked_scale_numel
+    from runtime.formats import blocked_scale_numel
 
     top = 64
     full = [(top, n, k) for n, k in nk]

@@ -159,9 +159,9 @@ def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
     torch.cuda.synchronize()
     rt = gg._runtimes[torch.cuda.current_device()]
     kernel = next(k for k in gg.kernels if k.name.startswith(name + "."))
-    tables = kernel.tables["tensormap_workspace"]
-    header, per_cta = tables.get("header_bytes", 0), tables["bytes_per_cta"]
-    tile_m, tile_n = kernel.tile["m"], kernel.tile["n"]
+    workspace = kernel.tables.tensormap_workspace
+    header, per_cta = workspace.header_bytes, workspace.bytes_per_cta
+    tile_m, tile_n = kernel.tile.m, kernel.tile.n
     tiles = cta_prefix(groups, tile_m, tile_n)[-1]
     grid = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
     [(ws, _, _)] = [w for (stream, h), w in rt._workspaces.items() if h == header]

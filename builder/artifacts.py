@@ -3,11 +3,13 @@
 Layout of an artifact directory:
 
     manifest.json                          written last: its presence marks a complete build
-    cubins/<name>.<key[:12]>.cubin         content-addressed: a changed input changes the name
+    cubins/<family>.<arch>.acc<n>.<f16|bf16>.<key[:12]>.cubin
+                                           one per distinct kernel (manifest schema 2), content-
+                                           addressed: a changed input changes the name
 
-The manifest is deterministic: entries sorted by name, no timestamps, and compile_seconds left
-at 0 (a timing would make two builds of the same inputs differ, and shard + merge must equal a
-full build byte for byte). Compile times are printed in the build summary instead.
+The manifest is deterministic: kernels and set entries sorted by name, no timestamps and no
+compile times (a timing would make two builds of the same inputs differ, and shard + merge
+must equal a full build byte for byte). Compile times are printed in the build summary instead.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ from runtime.errors import ArtifactError, ManifestError
 from runtime.loader import cubin_path
 from runtime.manifest import (
     MANIFEST_NAME,
-    SCHEMA_VERSION,
+    Kernel,
     KernelEntry,
     Manifest,
-    Param,
-    TmaGeometry,
     load_manifest,
+    make_manifest,
+    parse_kernel,
     parse_manifest,
 )
 
@@ -45,53 +47,37 @@ def sha256_file(path: Path) -> str:
 
 
 def cubin_relpath(item: BuildItem) -> str:
-    return f"cubins/{item.name}.{item.key[:12]}.cubin"
+    return f"cubins/{item.kernel_name}.cubin"
 
 
-def _param(d: dict[str, Any]) -> Param:
-    d = dict(d)
-    if d.get("tma") is not None:
-        d["tma"] = TmaGeometry(**{k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in d["tma"].items()})
-    return Param(**d)
+def new_kernel(item: BuildItem, facts: dict[str, Any], sha256: str, nbytes: int) -> Kernel:
+    """The kernel record from a worker's launch facts (the objects that built the kernel),
+    typed by the runtime's own parser: one conversion from the families' dicts."""
+    record = {**facts, "key": item.key, "name": item.kernel_name, "family": item.family,
+              "arch": item.arch, "acc_stages": item.acc_stages, "out_dtype": item.out_dtype,
+              "options": item.options_dict(), "cubin": cubin_relpath(item), "sha256": sha256,
+              "cubin_bytes": nbytes}
+    try:
+        return parse_kernel(json.loads(json.dumps(record)), item.kernel_name)
+    except ManifestError as exc:
+        raise BuildError(f"the recorded launch data is not a valid kernel record: {exc}") from exc
 
 
-def new_entry(item: BuildItem, kernel: dict[str, Any], sha256: str, nbytes: int) -> KernelEntry:
-    """A manifest entry from a worker's result (the objects that built the kernel)."""
-    return KernelEntry(
-        name=item.name, key=item.key, set=item.set, arch=item.arch, family=item.family,
-        acc_stages=item.acc_stages, symbol=kernel["symbol"], cubin=cubin_relpath(item),
-        sha256=sha256, cubin_bytes=nbytes, block=tuple(kernel["block"]),
-        cluster=tuple(kernel["cluster"]), dynamic_smem=kernel["dynamic_smem"],
-        sm_count=kernel["sm_count"], grid=kernel["grid"], tile=kernel["tile"],
-        constraints=kernel["constraints"], tables=kernel["tables"],
-        params=tuple(_param(p) for p in kernel["params"]), options=item.options_dict(),
-        out_dtype=item.out_dtype)
+def new_entry(item: BuildItem, kernel: Kernel) -> KernelEntry:
+    """The set entry of `item`, served by `kernel` (this build's or a reused one)."""
+    return KernelEntry(name=item.name, set=item.set, arch=item.arch, acc_stages=item.acc_stages,
+                       out_dtype=item.out_dtype, serves=item.serves(), kernel=kernel)
 
 
 def validate_entry(entry: KernelEntry) -> None:
     """Fail (in the worker, so the error is reported for this kernel) when the recorded launch
     data would not load in the runtime: e.g. a parameter of an unknown kind or a bad slot."""
-    one = Manifest(schema_version=SCHEMA_VERSION, builder_version="", dsl_version="",
-                   kernels=(entry,))
+    one = make_manifest([entry], "", "")
     try:
         parse_manifest(json.loads(one.to_json()), "entry")
         KernelIndex((entry,))  # the served shapes, as the runtime's dispatch reads them
     except ManifestError as exc:
         raise BuildError(f"the recorded launch data is not a valid manifest entry: {exc}") from exc
-
-
-def reused_entry(item: BuildItem, old: KernelEntry) -> KernelEntry:
-    """An old entry with the same key, renamed for this item (the key ignores the set name)."""
-    return dataclasses.replace(old, name=item.name, set=item.set, cubin=cubin_relpath(item),
-                               compile_seconds=0.0)
-
-
-def make_manifest(entries: list[KernelEntry], builder_version: str, dsl_version: str,
-                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None) -> Manifest:
-    return Manifest(schema_version=SCHEMA_VERSION, builder_version=builder_version,
-                    dsl_version=dsl_version, kernels=tuple(sorted(entries, key=lambda e: e.name)),
-                    spec_fingerprint=spec_fingerprint, shard=shard)
 
 
 def manifest_text(manifest: Manifest, source: str) -> str:
@@ -123,30 +109,38 @@ class Existing:
 
 
 def _salvage(directory: Path, why: ManifestError) -> Existing:
-    """The entries of a manifest that fails as a whole which still pass alone: a hand-edited
-    field invalidates its own kernel (recompiled), not every other one."""
+    """The kernels of a manifest that fails as a whole which still pass alone: a hand-edited
+    field invalidates its own kernel (recompiled), not every other one. Set entries are not
+    salvaged: the spec gives them again."""
     note = f"the existing manifest cannot be reused ({why}); rebuilding everything"
     try:
         obj = json.loads((directory / MANIFEST_NAME).read_text())
-        raw = obj["kernels"]
+        raw, raw_sets = obj["kernels"], obj["sets"]
         head = {k: obj[k] for k in ("schema_version", "builder_version", "dsl_version")}
-        if not isinstance(raw, list):
-            raise TypeError("kernels is not a list")
-        first = parse_manifest({**head, "kernels": []}, str(directory))
+        if not isinstance(raw, list) or not isinstance(raw_sets, list):
+            raise TypeError("kernels or sets is not a list")
+        first = parse_manifest({**head, "kernels": [], "sets": []}, str(directory))
     except (OSError, ValueError, KeyError, TypeError, ManifestError):
         return Existing(None, None, (note,))
-    good, names, notes = [], set(), []
-    for i, k in enumerate(raw):
-        name = k.get("name") if isinstance(k, dict) else None
+    names = set()
+    for e in raw_sets:
+        name = e.get("name") if isinstance(e, dict) else None
         if not isinstance(name, str):
             return Existing(None, None, (note,))
         names.add(name)
+    good, notes = [], []
+    for i, k in enumerate(raw):
         try:
-            good.extend(parse_manifest({**head, "kernels": [k]}, f"kernels[{i}]").kernels)
+            good.append(parse_kernel(k, f"kernels[{i}]"))
         except ManifestError as exc:
-            notes.append(f"the existing entry of {name} cannot be reused ({exc}); recompiling it")
+            label = k.get("name") if isinstance(k, dict) else None
+            notes.append(f"the existing kernel {label or i} cannot be reused ({exc}); "
+                         "recompiling it")
     if not good:
         return Existing(None, frozenset(names), (note,))
+    if not notes:  # every kernel parses alone: the damage is in the set records
+        notes.append(f"the existing set records cannot be reused ({why}); the spec gives them "
+                     "again")
     return Existing(dataclasses.replace(first, kernels=tuple(good)), frozenset(names),
                     tuple(notes))
 
@@ -159,10 +153,10 @@ def read_existing(directory: Path) -> Existing:
         m = load_manifest(directory)
     except ManifestError as exc:
         return _salvage(directory, exc)
-    return Existing(m, frozenset(e.name for e in m.kernels))
+    return Existing(m, frozenset(e.name for e in m.sets))
 
 
-def _intact(e: KernelEntry, directory: Path) -> bool:
+def _intact(e: Kernel, directory: Path) -> bool:
     """The cubin is there, inside the directory, has its recorded sha256, arch and symbol (a
     hand-edited manifest can make a wrong cubin's sha256 match; the arch and symbol checks cost
     nothing more)."""
@@ -182,31 +176,26 @@ def _intact(e: KernelEntry, directory: Path) -> bool:
         return False
 
 
-def reusable(old: Manifest | None, directory: Path) -> dict[str, KernelEntry]:
-    """key -> an old entry whose cubin is intact, so the item need not be compiled again."""
-    out: dict[str, KernelEntry] = {}
+def reusable(old: Manifest | None, directory: Path) -> dict[str, Kernel]:
+    """key -> an old kernel whose cubin is intact, so its items need no compile."""
+    out: dict[str, Kernel] = {}
     if old is None:
         return out
-    for e in old.kernels:
-        if e.key not in out and _intact(e, directory):
-            out[e.key] = e
+    for k in old.kernels:
+        if k.key not in out and _intact(k, directory):
+            out[k.key] = k
     return out
 
 
-def derived_mismatch(item: BuildItem, old: KernelEntry) -> str | None:
-    """The first field of an old entry with the item's key that disagrees with what the spec
-    fixes for the item (None: none). The key says the inputs are the same, but the entry is
-    data on disk: a hand-edited `constraints` that still parses would serve other shapes."""
-    if item.dynamic_m:
-        want_c: Any = ("dynamic_m", {"groups": [list(g) for g in item.groups],
-                                     "max_m": item.max_m})
-    else:
-        want_c = ("groups", [list(g) for g in item.groups])
+def derived_mismatch(item: BuildItem, old: Kernel) -> str | None:
+    """The first field of an old kernel with the item's key that disagrees with what the spec
+    fixes for it (None: none). The key says the inputs are the same, but the record is data on
+    disk: a hand-edited `options` that still parses would describe another kernel."""
     checks = (("arch", old.arch, item.arch), ("family", old.family, item.family),
               ("acc_stages", old.acc_stages, item.acc_stages),
               ("out_dtype", old.out_dtype, item.out_dtype),
               ("options", old.options, item.options_dict()),
-              (f"constraints.{want_c[0]}", old.constraints.get(want_c[0]), want_c[1]))
+              ("name", old.name, item.kernel_name), ("cubin", old.cubin, cubin_relpath(item)))
     for field, got, want in checks:
         if got != want:
             return f"{field} must be {want!r} for its key, but got {got!r}"
@@ -234,26 +223,40 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
             raise BuildError(f"shards must share one {field.replace('_', ' ')}, but {seen}; "
                              "rebuild them with the same builder and DSL")
     chosen: dict[str, tuple[Path, KernelEntry]] = {}
+    cubins: dict[str, tuple[Path, Kernel]] = {}  # kernel key -> where its cubin comes from
     for d, m in loaded:
-        for e in m.kernels:
+        for e in m.sets:
             if e.name in chosen:
                 first_dir, first = chosen[e.name]
                 if (first.key, first.sha256) != (e.key, e.sha256):
                     raise BuildError(f"kernel {e.name} is in {first_dir} (key {first.key[:12]}) "
                                      f"and in {d} (key {e.key[:12]}) with different keys; "
                                      "were the shards built from different sources or specs?")
+                if first.serves != e.serves:
+                    raise BuildError(f"kernel {e.name} serves {first.serves.record()} in "
+                                     f"{first_dir} but {e.serves.record()} in {d}; were the "
+                                     "shards built from different specs?")
+                continue
+            chosen[e.name] = (d, e)
+        for k in m.kernels:
+            if k.key in cubins:
+                if cubins[k.key][1].sha256 != k.sha256:
+                    raise BuildError(f"kernel {k.name} is in {cubins[k.key][0]} and in {d} with "
+                                     "different cubins (sha256); were the shards built with "
+                                     "different DSL or sources?")
                 continue
             try:
-                path = cubin_path(d, e)
+                path = cubin_path(d, k)
             except ArtifactError as exc:
                 raise BuildError(f"cannot merge {d}: {exc}") from exc
-            if not path.is_file() or sha256_file(path) != e.sha256:
-                raise BuildError(f"cannot merge {d}: cubin {e.cubin} of {e.name} is missing or "
+            if not path.is_file() or sha256_file(path) != k.sha256:
+                raise BuildError(f"cannot merge {d}: cubin {k.cubin} of {k.name} is missing or "
                                  "does not match its sha256; run `verify` on it")
-            chosen[e.name] = (d, e)
+            cubins[k.key] = (d, k)
     fingerprint, shard = check_shards(loaded)
-    first = loaded[0][1] if loaded else None
-    manifest = make_manifest([e for _, e in chosen.values()],
-                             first.builder_version if first else "",
-                             first.dsl_version if first else "", fingerprint, shard)
-    return manifest, list(chosen.values())
+    first_m = loaded[0][1] if loaded else None
+    # Each entry keeps the kernel record of the directory its cubin is copied from.
+    entries = [dataclasses.replace(e, kernel=cubins[e.key][1]) for _, e in chosen.values()]
+    manifest = make_manifest(entries, first_m.builder_version if first_m else "",
+                             first_m.dsl_version if first_m else "", fingerprint, shard)
+    return manifest, list(cubins.values())

@@ -1,7 +1,7 @@
 """Build and merge: plan -> reuse -> compile in workers -> assemble -> verify -> swap in.
 
-Under the directory lock: read the previous manifest, reuse every item whose key has an entry
-with an intact cubin, compile the rest in worker subprocesses, assemble the new directory next
+Under the directory lock: read the previous manifest, reuse every item whose key has a kernel
+with an intact cubin, compile each other distinct kernel once in worker subprocesses, assemble the new directory next
 to the target, verify it and swap it in. If nothing needs compiling and the manifest would be
 byte-identical, nothing is written and no worker (no `import cutlass`) is started: a no-op run
 costs a YAML parse, a source fingerprint and a sha256 per cubin.
@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.manifest import MANIFEST_NAME, KernelEntry, Manifest
+from runtime.manifest import MANIFEST_NAME, Kernel, KernelEntry, Manifest
 
 from . import artifacts, atomic
 from .errors import BuildError
 from .families import Families
-from .plan import BUILDER_VERSION, BuildItem, dsl_version
+from .plan import BUILDER_VERSION, BuildItem, compile_list, dsl_version
 from .runner import ItemResult, run_workers
 from .selection import Selection, check_selective, spec_fingerprint
 from .verify import verify_dir
@@ -37,8 +37,10 @@ class Row:
     acc_stages: int
     cubin_bytes: int
     dynamic_smem: int
-    compile_seconds: float | None  # None: reused
-    status: str  # "compiled" or "reused"
+    compile_seconds: float | None  # None: not compiled for this row
+    # "compiled"; "shared": its kernel was compiled in this build for another set (the first
+    # by name); "reused": its kernel came from the previous build
+    status: str
 
 
 @dataclass
@@ -132,15 +134,17 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
         for it in items:
             why = artifacts.derived_mismatch(it, reuse[it.key]) if it.key in reuse else None
             if it.key in reuse and why is None:
-                entries[it.name] = e = artifacts.reused_entry(it, reuse[it.key])
+                entries[it.name] = e = artifacts.new_entry(it, reuse[it.key])
                 rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
                                     e.dynamic_smem, None, "reused")
                 continue
             if why:
-                notes.append(f"the existing entry for {it.name} cannot be reused ({why}); "
+                notes.append(f"the existing kernel for {it.name} cannot be reused ({why}); "
                              "recompiling it")
+                reuse.pop(it.key)
             todo.append(it)
-        on_plan(len(todo), len(items) - len(todo))
+        compile_items = compile_list(todo)  # one per distinct kernel
+        on_plan(len(compile_items), len({it.key for it in items}) - len(compile_items))
         manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version(),
                                            selection.spec_fingerprint, selection.shard)
         if not todo and old is not None and not existing.notes:
@@ -151,23 +155,27 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
 
         staging = atomic.staging_dir(target)
         try:
-            for it in items:
-                if it.name in entries:
-                    src = target / reuse[it.key].cubin
-                    artifacts.copy_cubin(src, staging, entries[it.name].cubin)
+            for k in {e.key: e.kernel for e in entries.values()}.values():
+                artifacts.copy_cubin(target / k.cubin, staging, k.cubin)
             if todo:
                 work = staging / ".work"
-                results = run_workers(todo, work, families, jobs, keep_going, on_result)
+                results = run_workers(compile_items, work, families, jobs, keep_going, on_result)
                 failures = [r for r in results if not r.ok and not r.skipped]
                 if failures:
-                    raise BuildFailed(failures, sum(r.skipped for r in results), len(items), out)
+                    raise BuildFailed(failures, sum(r.skipped for r in results),
+                                      len(compile_items), out)
+                built: dict[str, tuple[Kernel, float]] = {}
                 for r in results:
-                    it = r.item
-                    e = artifacts.new_entry(it, r.kernel, r.sha256, r.cubin_bytes)
-                    artifacts.copy_cubin(r.cubin, staging, e.cubin)
-                    entries[it.name] = e
+                    k = artifacts.new_kernel(r.item, r.kernel, r.sha256, r.cubin_bytes)
+                    artifacts.copy_cubin(r.cubin, staging, k.cubin)
+                    built[k.key] = (k, r.compile_seconds)
+                for it in todo:
+                    k, seconds = built[it.key]
+                    first = it.name == next(c.name for c in compile_items if c.key == it.key)
+                    entries[it.name] = e = artifacts.new_entry(it, k)
                     rows[it.name] = Row(it.name, it.arch, it.acc_stages, e.cubin_bytes,
-                                        e.dynamic_smem, r.compile_seconds, "compiled")
+                                        e.dynamic_smem, seconds if first else None,
+                                        "compiled" if first else "shared")
                 shutil.rmtree(work)
             manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION,
                                                dsl_version(), selection.spec_fingerprint,
@@ -190,8 +198,8 @@ def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0,
         atomic.check_replaceable(target, MANIFEST_NAME)
         staging = atomic.staging_dir(target)
         try:
-            for d, e in sources:
-                artifacts.copy_cubin(d / e.cubin, staging, e.cubin)
+            for d, k in sources:
+                artifacts.copy_cubin(d / k.cubin, staging, k.cubin)
             _install(staging, target, manifest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)

@@ -28,7 +28,6 @@ fixed timestamps (SOURCE_DATE_EPOCH if set), so the same artifacts give a byte-i
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import importlib.metadata
 import io
@@ -42,7 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.manifest import ARCHS, MANIFEST_NAME, SCHEMA_VERSION, load_manifest
+from runtime.manifest import (
+    ARCHS,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    load_manifest,
+    make_manifest,
+)
 from runtime.packages import (
     ARTIFACTS_SUBDIR,
     ENTRY_POINT_GROUP,
@@ -165,22 +170,25 @@ def _payload(directory: Path, name: str, version: str,
     """Files of the import package, by path inside the wheel, and the kernel names."""
     manifest = load_manifest(directory)
     manifest_bytes = (directory / MANIFEST_NAME).read_bytes()
-    kernels = manifest.kernels
+    entries = manifest.sets
     if archs:
-        kernels = tuple(k for k in kernels if k.arch in archs)
-        missing = sorted(set(archs) - {k.arch for k in kernels})
+        entries = tuple(e for e in entries if e.arch in archs)
+        missing = sorted(set(archs) - {e.arch for e in entries})
         if missing:
-            built = sorted({k.arch for k in manifest.kernels})
+            built = sorted({e.arch for e in manifest.sets})
             raise PackageUsageError(f"--arch must name archs built in {directory} ({built}), "
                                     f"but {missing} has no kernel there")
-        manifest_bytes = dataclasses.replace(manifest, kernels=kernels).to_json().encode()
-    if not kernels:
+        manifest = make_manifest(entries, manifest.builder_version, manifest.dsl_version,
+                                 manifest.spec_fingerprint, manifest.shard)
+        manifest_bytes = manifest.to_json().encode()
+    if not entries:
         raise PackageError(f"{directory} has no kernels to package")
+    kernels = entries
     module = MODULE_PREFIX + name
     root = f"{module}/{ARTIFACTS_SUBDIR}"
-    names = [k.name for k in kernels]
+    names = [e.name for e in entries]
     files = {f"{root}/{MANIFEST_NAME}": manifest_bytes}
-    for k in kernels:
+    for k in manifest.kernels:  # each distinct kernel's cubin once
         files[f"{root}/{Path(k.cubin).as_posix()}"] = (directory / k.cubin).read_bytes()
     info = {
         "format": PACKAGE_FORMAT,

@@ -3,21 +3,21 @@
 An item is everything a worker needs to compile one kernel, as data (no closures), so a build
 can be listed, sharded, shipped to a subprocess as JSON and compared with a previous manifest.
 
-The key is a sha256 over every input that can change the cubin or what the manifest records
-about it: the family's kernel sources (every file under its directory, every shared file
-under kernels/ such as the ABI recorder and family table, and the manifest schema), every
-installed nvidia-cutlass-dsl* distribution version, the Python major.minor, the arch, acc
-stages, full config options and groups, and BUILDER_VERSION.
-The set name is left out on purpose: two sets with the same shapes produce the same cubin.
+One item per (set, arch, acc stage, out dtype): a manifest set entry. Its `key` is the key of
+the KERNEL that serves it (manifest schema 2): a sha256 over every input that can change the
+cubin or what the manifest records about the kernel: the family's kernel sources (every file
+under its directory, every shared file under kernels/ such as the ABI recorder and family
+table, and the manifest schema and shared formats), every installed nvidia-cutlass-dsl*
+distribution version, the Python major.minor, the arch, family, acc stages, out dtype, the
+full config options, and BUILDER_VERSION. A set's name and shapes are left out: the families
+compile shape-generic kernels (they read every problem size from the problem-size table), so
+sets with one config share one kernel, compiled once. Before schema 2 the key covered the
+set's groups, and the default shapes.yaml compiled 108 cubins for far fewer kernels.
 Paths enter the hash relative to their package, so two checkouts (CI shards) agree on keys.
 
-Dynamic-m sets (`m: dynamic` in shapes.yaml): the kernel families compile shape-generic
-kernels and take `groups` as (m, n, k) rows that they record as `constraints["groups"]`. A
-dynamic item passes them (m = a placeholder, `compile_groups`) and the worker rewrites what the
-family recorded into `constraints["dynamic_m"] = {"groups": [[n, k], ...], "max_m": int | None}`
-(`recorded_constraints`), so no family has to know about dynamic m. Their keys also cover
-`dynamic_m` and `max_m` (both change what the manifest records); exact items' keys are
-unchanged.
+The families take `groups` as (m, n, k) rows (to check them and record them); the builder
+compiles each kernel with the rows of the first item (by name) it serves (`compile_groups`,
+m = a placeholder for dynamic-m sets) and records each set's own shapes as its `serves`.
 """
 
 from __future__ import annotations
@@ -34,19 +34,18 @@ from pathlib import Path
 from typing import Any
 
 from kernels.families import OWN_KEYS
-from runtime.manifest import kernel_name
+from runtime.manifest import Serves, kernel_name, kernel_record_name
 
-from .errors import BuildError
 from .families import DEFAULT_MODULE, Families, load_families
 from .spec import ShapeSpec
 
 # Bump when the builder changes what it records for a kernel (entry fields, ABI checks), so
 # that every existing artifact is rebuilt rather than silently reused.
-BUILDER_VERSION = "2"  # 2: out_dtype and the alpha table
+BUILDER_VERSION = "3"  # 2: out_dtype and the alpha table; 3: manifest schema 2
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KERNELS_DIR = REPO_ROOT / "kernels"
 # Outside kernels/ but shared by every family: the schema the recorded ABI must fit.
-COMMON_SOURCES = ("runtime/manifest.py",)
+COMMON_SOURCES = ("runtime/manifest.py", "runtime/formats.py")
 DSL_PREFIX = "nvidia-cutlass-dsl"
 
 
@@ -102,27 +101,16 @@ class BuildItem:
         m = self.max_m if self.max_m is not None else DYNAMIC_M_PLACEHOLDER
         return [[m, n, k] for n, k in self.groups]
 
-    def recorded_constraints(self, constraints: Any) -> dict[str, Any]:
-        """What the manifest records as served shapes, from what compile_kernel recorded.
+    @property
+    def kernel_name(self) -> str:
+        """The name of the kernel record this item's key addresses."""
+        return kernel_record_name(self.family, self.arch, self.acc_stages, self.out_dtype,
+                                  self.key)
 
-        Exact items: unchanged. Dynamic-m items: the family's `groups` (the placeholder rows it
-        was given) becomes `dynamic_m: {"groups": [[n, k], ...], "max_m": ...}`; every other
-        key (k_multiple, n_multiple, ...) is kept.
-        """
-        if not self.dynamic_m:
-            return constraints
-        given = self.compile_groups()
-        if not isinstance(constraints, dict) or constraints.get("groups") != given:
-            got = constraints.get("groups") if isinstance(constraints, dict) else constraints
-            raise BuildError(
-                f"{self.name}: a dynamic-m set needs a family whose compile_kernel records the "
-                f"groups it was given as constraints.groups ({given}), but it recorded {got!r}")
-        if "dynamic_m" in constraints:
-            raise BuildError(f"{self.name}: the family already recorded constraints.dynamic_m "
-                             f"= {constraints['dynamic_m']!r}; the builder owns that key")
-        out = {k: v for k, v in constraints.items() if k != "groups"}
-        out["dynamic_m"] = {"groups": [list(g) for g in self.groups], "max_m": self.max_m}
-        return out
+    def serves(self) -> Serves:
+        """What the manifest records that this set serves."""
+        return Serves(groups=self.groups, dynamic_m=self.dynamic_m,
+                      max_m=self.max_m if self.dynamic_m else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -205,8 +193,8 @@ def item_key(inputs: dict[str, Any]) -> str:
 
 
 def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> list[BuildItem]:
-    """One item per (set, arch, acc stage, out dtype), sorted by kernel name (the manifest's
-    order)."""
+    """One item per (set, arch, acc stage, out dtype), sorted by name (the manifest's order);
+    items with one key are served by one kernel (`compile_list`)."""
     env = {"builder": BUILDER_VERSION, "python": python_version(), "dsl": dsl_versions()}
     prints: dict[str, str] = {}
     items = []
@@ -220,16 +208,23 @@ def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> l
             for acc, out_dtype in itertools.product(build.acc_stages, s.out_dtypes):
                 cfg = dataclasses.asdict(family.make_config(acc, build.options_dict(), out_dtype))
                 options = tuple(sorted((k, v) for k, v in cfg.items() if k not in OWN_KEYS))
+                # The kernel's inputs only: no set name, groups or max_m (module docstring).
                 inputs = {**env, "sources": prints[family.name], "arch": build.arch,
                           "family": family.name, "acc_stages": acc, "out_dtype": out_dtype,
-                          "options": dict(options), "groups": [list(g) for g in s.groups]}
-                if s.dynamic_m:  # absent for exact sets: their keys stay what they were
-                    inputs["dynamic_m"] = {"max_m": s.max_m}
+                          "options": dict(options)}
                 items.append(BuildItem(set=s.name, arch=build.arch, family=family.name,
                                        acc_stages=acc, options=options, groups=s.groups,
                                        key=item_key(inputs), dynamic_m=s.dynamic_m,
                                        max_m=s.max_m, out_dtype=out_dtype))
     return sorted(items, key=lambda it: it.name)
+
+
+def compile_list(items: list[BuildItem]) -> list[BuildItem]:
+    """The first item (by name) of each key: one compile per distinct kernel."""
+    first: dict[str, BuildItem] = {}
+    for it in sorted(items, key=lambda it: it.name):
+        first.setdefault(it.key, it)
+    return list(first.values())
 
 
 def parse_shard(text: str) -> tuple[int, int]:

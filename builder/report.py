@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 from runtime.manifest import KernelEntry, Param
@@ -117,14 +116,13 @@ def _group_list(constraints: dict[str, Any]) -> str:
 
 def inspect_dict(e: KernelEntry, artifact_dir: str) -> dict[str, Any]:
     """The manifest entry as JSON, with the directory, what it serves and its parameter bytes."""
-    return {"artifacts": artifact_dir, **asdict(e), "served": served_groups(e.constraints),
-            "param_bytes": e.param_bytes}
+    return {"artifacts": artifact_dir, **e.record(), "kernel": e.kernel.record(),
+            "served": served_groups(e.constraints), "param_bytes": e.param_bytes}
 
 
 def inspect_text(e: KernelEntry, artifact_dir: str) -> str:
-    grid = e.grid or {}
-    grid_text = ", ".join(f"{k} {v}" for k, v in sorted(grid.items())) or "-"
-    tile = dims([e.tile[k] for k in ("m", "n", "k") if k in e.tile]) or "-"
+    grid_text = ", ".join(f"{k} {v}" for k, v in sorted(e.grid.record().items())) or "-"
+    tile = dims(e.tile.record().values()) or "-"
     options = " ".join(f"{k}={v}" for k, v in sorted(e.options.items())) or "-"
     sms = "read at run time" if e.sm_count is None else f"{e.sm_count} (baked in)"
     head = [
@@ -140,6 +138,7 @@ def inspect_text(e: KernelEntry, artifact_dir: str) -> str:
         ("grid", f"{grid_text}; output tile {tile}; SM count {sms}"),
         ("cubin", f"{artifact_dir}/{e.cubin}, {kib(e.cubin_bytes)} KiB ({e.cubin_bytes} B), "
                   + f"sha256 {e.sha256[:12]}"),
+        ("record", f"kernel {e.kernel.name} (one cubin for every set of its key)"),
         ("key", e.key),
     ]
     width = max(len(k) for k, _ in head)
@@ -158,8 +157,8 @@ def inspect_text(e: KernelEntry, artifact_dir: str) -> str:
             [[p.name, p.operand, p.tma.dtype, dims(p.tma.box), dims(p.tma.element_strides),
               p.tma.swizzle, p.tma.interleave, p.tma.l2_promotion, p.tma.oob_fill,
               dims(p.tma.dims), dims(p.tma.strides) or "-"] for p in tma if p.tma]))
-    if e.tables:
-        out += ["", "device tables:"]
-        out.append(table(["table", "layout"],
-                         [[k, json.dumps(v, sort_keys=True)] for k, v in sorted(e.tables.items())]))
+    out += ["", "device tables:"]
+    out.append(table(["table", "layout"],
+                     [[k, json.dumps(v, sort_keys=True)]
+                      for k, v in sorted(e.tables.record().items())]))
     return "\n".join(out)

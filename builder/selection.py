@@ -27,10 +27,12 @@ class SelectionError(BuilderError):
 
 
 def spec_fingerprint(items: Iterable[BuildItem]) -> str:
-    """sha256 over every kernel name and key of the whole spec (before --only and --shard):
-    equal exactly when two builds planned the same kernels from the same sources."""
-    pairs = sorted((it.name, it.key) for it in items)
-    return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()
+    """sha256 over every set entry's name, kernel key and served shapes of the whole spec
+    (before --only and --shard): equal exactly when two builds planned the same set entries,
+    served by the same kernels from the same sources. The shapes count on their own since
+    manifest schema 2: a kernel's key no longer covers them."""
+    rows = sorted((it.name, it.key, it.serves().record()) for it in items)
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

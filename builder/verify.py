@@ -7,7 +7,13 @@ from pathlib import Path
 
 from runtime.errors import ArtifactError, ManifestError
 from runtime.loader import check_param_layout, cubin_param_layout, cubin_path
-from runtime.manifest import MANIFEST_NAME, kernel_name, load_manifest, pack_offsets
+from runtime.manifest import (
+    MANIFEST_NAME,
+    kernel_name,
+    kernel_record_name,
+    load_manifest,
+    pack_offsets,
+)
 
 from .elf import check_cubin_arch
 from .errors import BuildError
@@ -23,12 +29,17 @@ def verify_dir(directory: Path) -> list[str]:
         return [str(exc)]
     problems: list[str] = []
     expected = {MANIFEST_NAME}
+    for s in manifest.sets:
+        want_name = kernel_name(s.set, s.arch, s.acc_stages, s.out_dtype)
+        if s.name != want_name:
+            problems.append(f"{s.name}: name must be <set>.<arch>.acc<stages>.<out> = "
+                            f"{want_name}, but got {s.name}")
     for e in manifest.kernels:
         expected.add(Path(e.cubin).as_posix())
-        want = kernel_name(e.set, e.arch, e.acc_stages, e.out_dtype)
-        if e.name != want:
-            problems.append(f"{e.name}: name must be <set>.<arch>.acc<stages>.<out> = "
-                            f"{want}, but got {e.name}")
+        want_name = kernel_record_name(e.family, e.arch, e.acc_stages, e.out_dtype, e.key)
+        if e.name != want_name:
+            problems.append(f"{e.name}: name must be <family>.<arch>.acc<stages>.<out>.<key[:12]>"
+                            f" = {want_name}, but got {e.name}")
         want = pack_offsets([(p.size, p.align) for p in e.params])
         got = [p.offset for p in e.params]
         if got != want:

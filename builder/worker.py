@@ -26,7 +26,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .artifacts import new_entry, validate_entry
+from .artifacts import new_entry, new_kernel, validate_entry
 from .elf import cubin_arch
 from .errors import BuildError
 from .families import load_families
@@ -88,6 +88,24 @@ def check_cubin_abi(entry: Any, cubin: bytes) -> None:
                          f"{exc}") from exc
 
 
+LIMIT_KEYS = ("k_multiple", "n_multiple")
+
+
+def kernel_limits(item: BuildItem, constraints: Any) -> dict[str, Any]:
+    """The kernel's per-group limits from the `constraints` its family recorded, which must
+    also hold the (m, n, k) rows it was given as `groups` and nothing else."""
+    given = item.compile_groups()
+    if not isinstance(constraints, dict) or constraints.get("groups") != given:
+        got = constraints.get("groups") if isinstance(constraints, dict) else constraints
+        raise BuildError(f"{item.name}: compile_kernel must record the groups it was given as "
+                         f"constraints.groups ({given}), but it recorded {got!r}")
+    extra = sorted(set(constraints) - {"groups", *LIMIT_KEYS})
+    if extra:
+        raise BuildError(f"{item.name}: constraints may hold groups and {list(LIMIT_KEYS)} "
+                         f"only, but got {extra}")
+    return {k: constraints[k] for k in LIMIT_KEYS if k in constraints}
+
+
 def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"name": item.name, "key": item.key}
     try:
@@ -100,17 +118,17 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
         ck = compiler.compile_kernel(config, arch=item.arch, groups=item.compile_groups())
         seconds = time.perf_counter() - start
         check_compiled(ck, item)
-        # Dynamic-m items: the family recorded the placeholder (m, n, k) rows it was given; the
-        # manifest gets the (n, k) list instead (builder/plan.py explains).
+        # The kernel record's launch facts, as JSON (manifest schema 2). The family's
+        # `constraints` hold the groups it was given (checked, then dropped: each set records
+        # its own shapes) and the per-group limits.
         kernel = {"symbol": ck.symbol, "params": list(ck.params), "block": list(ck.block),
                   "cluster": list(ck.cluster), "dynamic_smem": int(ck.dynamic_smem),
                   "grid": ck.grid, "tile": ck.tile, "tables": ck.tables,
-                  "constraints": item.recorded_constraints(ck.constraints),
-                  "sm_count": ck.sm_count}
+                  "limits": kernel_limits(item, ck.constraints), "sm_count": ck.sm_count}
         sha256 = hashlib.sha256(ck.cubin).hexdigest()
         # JSON round trip first: the parent sees exactly what the manifest will hold.
         kernel = json.loads(json.dumps(kernel))
-        entry = new_entry(item, kernel, sha256, len(ck.cubin))
+        entry = new_entry(item, new_kernel(item, kernel, sha256, len(ck.cubin)))
         validate_entry(entry)
         check_cubin_abi(entry, ck.cubin)
         cubin = out_dir / f"{item.name}.cubin"

@@ -119,6 +119,7 @@ def no_overlap_fast(shapes: Sequence[Shape], ptrs: Sequence[Sequence[int]]) -> b
     pa, pb, psa, psb, pc = ptrs
     spans = []
     for g, (m, n, k) in enumerate(shapes):
+        # formats.blocked_scale_numel, inlined for the fast path (as in validate._fast).
         cols = (k + 63) // 64 * 4
         for p, size in ((pa[g], m * k // 2), (pb[g], n * k // 2),
                         (psa[g], (m + 127) // 128 * 128 * cols),

@@ -85,7 +85,7 @@ class PreparedKernel:
                           cta_prefix=0, tensormap_workspace=0, grid_barrier=0, alpha=0)
             params = pack_params(entry.params, values)
             config = launch.make_config(plan.grid, entry.block, entry.dynamic_smem,
-                                        entry.cluster, entry.grid.get("cooperative") is True)
+                                        entry.cluster, entry.grid.cooperative)
             s = slots[plan.num_groups] = _Slot(params, config, plan.grid)
         return s
 

@@ -5,10 +5,10 @@ Indexed once at load, so a call is one dict lookup. The most specialized variant
 When nothing serves the call the error lists every built kernel, so the caller sees what to add
 to shapes.yaml.
 
-What an entry serves is its `constraints` record:
-- exact shapes: {"groups": [[m, n, k], ...], ...}: exactly that (m, n, k) list;
-- dynamic m (a shapes.yaml set with `m: dynamic`):
-  {"dynamic_m": {"groups": [[n, k], ...], "max_m": int or null}, ...}: every call with that
+The candidates are the manifest's set entries (schema 2: one per (set, arch, acc stages, out
+dtype), each pointing at the kernel that serves it). What an entry serves is its `serves`:
+- exact shapes: exactly that (m, n, k) list;
+- dynamic m (a shapes.yaml set with `m: dynamic`): an (n, k) list and max_m: every call with that
   (n, k) list, in that order, and any m >= 0 per group (m = 0 included), up to max_m when it is
   not null. The kernels themselves need no bound on m except m * n < 2^31 (32-bit C offsets),
   which is checked here for every dynamic-m call.
@@ -17,14 +17,12 @@ What an entry serves is its `constraints` record:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from .errors import InputError, ManifestError, NoKernelError
+from .formats import MN_LIMIT
 from .manifest import ARCH_CAPABILITY, KernelEntry
 
 Shape = tuple[int, int, int]
-MN_LIMIT = 2**31  # the kernels index C with 32-bit offsets
-_DYNAMIC_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
 
 
 def arch_for_capability(capability: tuple[int, int]) -> str | None:
@@ -35,50 +33,17 @@ def arch_for_capability(capability: tuple[int, int]) -> str | None:
     return None
 
 
-def _int_rows(entry: KernelEntry, groups: Any, width: int,
-              where: str) -> tuple[tuple[int, ...], ...]:
-    if not isinstance(groups, list) or not groups:
-        raise ManifestError(f"kernel {entry.name!r}: {where} must be a non-empty list, "
-                            f"but got {groups!r}")
-    rows = []
-    for i, g in enumerate(groups):
-        if (not isinstance(g, list) or len(g) != width
-                or any(isinstance(v, bool) or not isinstance(v, int) for v in g)):
-            raise ManifestError(f"kernel {entry.name!r}: {where}[{i}] must be a list of "
-                                f"{width} ints, but got {g!r}")
-        rows.append(tuple(g))
-    return tuple(rows)
-
-
 def exact_groups(entry: KernelEntry) -> tuple[Shape, ...]:
     """The (m, n, k) list an exact-shape entry serves."""
-    return _int_rows(entry, entry.constraints.get("groups"), 3,  # type: ignore[return-value]
-                     "constraints.groups")
+    if entry.serves.dynamic_m:
+        raise ManifestError(f"kernel {entry.name!r} serves dynamic m, not exact shapes")
+    return entry.serves.groups  # type: ignore[return-value]
 
 
 def dynamic_groups(entry: KernelEntry) -> tuple[tuple[tuple[int, int], ...], int | None] | None:
     """((n, k) per group, max_m) of a dynamic-m entry; None for an exact-shape entry."""
-    c = entry.constraints
-    if "dynamic_m" not in c:
-        return None
-    dyn = c["dynamic_m"]
-    if not isinstance(dyn, dict) or "groups" not in dyn:
-        raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m must be an object "
-                            f"{_DYNAMIC_FORM}, but got {dyn!r}")
-    if "groups" in c:
-        raise ManifestError(f"kernel {entry.name!r}: constraints must have either groups "
-                            "(exact shapes) or dynamic_m, not both")
-    rows = _int_rows(entry, dyn["groups"], 2, "constraints.dynamic_m.groups")
-    for i, (n, k) in enumerate(rows):
-        if n <= 0 or k <= 0:
-            raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m.groups[{i}] must "
-                                f"have n, k > 0, but got {[n, k]}")
-    max_m = dyn.get("max_m")
-    if max_m is not None and (isinstance(max_m, bool) or not isinstance(max_m, int)
-                              or max_m < 1):
-        raise ManifestError(f"kernel {entry.name!r}: constraints.dynamic_m.max_m must be a "
-                            f"positive int or null, but got {max_m!r}")
-    return rows, max_m  # type: ignore[return-value]
+    s = entry.serves
+    return (s.groups, s.max_m) if s.dynamic_m else None  # type: ignore[return-value]
 
 
 def check_mn(shapes: tuple[Shape, ...]) -> None:
@@ -159,14 +124,8 @@ class KernelIndex:
 
 def served(e: KernelEntry) -> str:
     """What an entry serves, in words (for errors and listings)."""
-    try:
-        dyn = dynamic_groups(e)
-    except ManifestError:
-        return f"constraints {e.constraints!r}"
+    dyn = dynamic_groups(e)
     if dyn is not None:
         nk, bound = dyn
         return f"any m{f' <= {bound}' if bound is not None else ''}, (n, k) = {list(nk)}"
-    groups: Any = e.constraints.get("groups")
-    if isinstance(groups, list):
-        return f"(m, n, k) = {[tuple(g) for g in groups]}"
-    return f"groups {groups!r}"
+    return f"(m, n, k) = {list(e.serves.groups)}"

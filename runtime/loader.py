@@ -315,12 +315,14 @@ class ArtifactStore:
         self.dir = Path(artifact_dir)
         self.manifest: Manifest = load_manifest(self.dir)
         self._lock = threading.RLock()
-        self._kernels: dict[str, Any] = {}  # entry name -> (CUlibrary, CUkernel)
+        # kernel key -> (CUlibrary, CUkernel): sets served by one kernel share one load.
+        self._kernels: dict[str, Any] = {}
         self._bound: dict[tuple[str, int], LoadedKernel] = {}
 
     @property
     def kernels(self) -> tuple[KernelEntry, ...]:
-        return self.manifest.kernels
+        """The served entries (one per set, arch, acc stages, out dtype), as dispatched."""
+        return self.manifest.sets
 
     # ---------------------------------------------------------------- CPU-only checks
 
@@ -378,7 +380,7 @@ class ArtifactStore:
 
         from . import cuda
 
-        k = self._kernels.get(entry.name)
+        k = self._kernels.get(entry.key)
         if k is None:
             image = self.read_cubin(entry)
             cuda.init()
@@ -392,7 +394,7 @@ class ArtifactStore:
                                     f"{self.dir / entry.cubin} ({exc})") from exc
             # The library handle is kept with the kernel: unloading it would free the kernel.
             k = (lib, kernel)
-            self._kernels[entry.name] = k
+            self._kernels[entry.key] = k
         return k[1]
 
     def kernel(self, entry: KernelEntry, device: Any) -> LoadedKernel:

@@ -4,22 +4,31 @@ This module is the single definition of `artifacts/manifest.json`. The builder w
 through `Manifest.to_json`; the runtime reads them through `load_manifest`. Neither side spells a
 field name anywhere else.
 
-A kernel entry carries everything needed to launch the cubin without the DSL: symbol, block and
-cluster dims, dynamic shared memory, the grid policy, the tile used by the CTA prefix table, the
-layout of every device table, and the launch ABI: each `.entry` parameter in order with its
-offset, size, alignment and the rule that fills it.
+Schema 2 (issue 25; docs/manifest.md) has two lists:
+- `kernels`: each distinct compiled kernel once, content-addressed by its `key` (family, arch,
+  config incl. acc stages and out dtype, sources, DSL, builder, Python; never a set's shapes).
+  A kernel record carries everything needed to launch the cubin without the DSL: symbol, block
+  and cluster dims, dynamic shared memory, the grid policy, the tile the CTA prefix table
+  counts, the layout of every device table, the per-group limits, and the launch ABI: each
+  `.entry` parameter in order with its offset, size, alignment and the rule that fills it.
+- `sets`: one record per (set, arch, acc stages, out dtype), named
+  "<set>.<arch>.acc<n>.<f16|bf16>", pointing at the kernel that serves it by key and recording
+  what it serves (an exact (m, n, k) list, or dynamic m: an (n, k) list and max_m).
+Parsing gives typed, frozen records (Kernel, KernelEntry, Grid, Tile, Tables, ...); the runtime
+selects among `sets` and launches the entry's kernel.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
+from .formats import TABLE_DTYPES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: kernels content-addressed, sets point at them (issue 25)
 MANIFEST_NAME = "manifest.json"
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -49,8 +58,13 @@ def kernel_name(set_name: str, arch: str, acc_stages: int, out_dtype: str) -> st
     """The one spelling of a kernel's name: "<set>.<arch>.acc<stages>.<f16|bf16>"."""
     return f"{set_name}.{arch}.acc{acc_stages}.{OUT_DTYPE_SHORT[out_dtype]}"
 
-TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B",
-              "16U4_ALIGN16B")
+# A kernel record's readable name; its key makes it unique.
+def kernel_record_name(family: str, arch: str, acc_stages: int, out_dtype: str, key: str) -> str:
+    return f"{family}.{arch}.acc{acc_stages}.{OUT_DTYPE_SHORT[out_dtype]}.{key[:12]}"
+
+
+_DYNAMIC_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
+TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B", "16U4_ALIGN16B")
 TMA_SWIZZLES = ("NONE", "32B", "64B", "128B")
 TMA_L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("NONE", "NAN_REQUEST_ZERO_FMA")
@@ -86,14 +100,127 @@ class Param:
     value: str | None = None  # kind == "scalar"
 
 
+# --------------------------------------------------------------------------------------------
+# Launch facts: typed at parse time, so no caller spells a key of an untyped dict. Each has
+# `record()`, its JSON form: the same dict the kernel family returned (keys left out when
+# they hold their default), so a schema-2 record equals the schema-1 dict it replaces.
+# --------------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
-class KernelEntry:
-    name: str  # unique within the manifest: "<set>.<arch>.acc<stages>.<f16|bf16>"
-    key: str  # content hash of (kernel sources, DSL version, spec, options)
-    set: str
-    arch: str
+class Grid:
+    """How many CTAs to launch: persistent, min(tiles, SMs x ctas_per_sm) rounded up to whole
+    clusters; every_sm: SMs x ctas_per_sm whatever the tile count; cooperative: the kernel has
+    a grid-wide barrier, so the launch must make every CTA resident."""
+
+    policy: str
+    ctas_per_sm: int
+    cooperative: bool = False
+    every_sm: bool = False
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "ctas_per_sm": self.ctas_per_sm}
+        if self.cooperative:
+            out["cooperative"] = True
+        if self.every_sm:
+            out["every_sm"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The output tile the CTA prefix table counts (k: the K step, informational)."""
+
+    m: int
+    n: int
+    k: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"m": self.m, "n": self.n, **({"k": self.k} if self.k is not None else {})}
+
+
+@dataclass(frozen=True)
+class TableFormat:
+    """An integer device table: element type and, for 2-D tables, the column order."""
+
+    dtype: str
+    columns: tuple[str, ...] = ()
+
+    def record(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, **({"columns": list(self.columns)} if self.columns else {})}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The tensormap workspace (kernels/tables.py): header_bytes zeroed by the runtime, then
+    bytes_per_cta per launched CTA, then bytes_per_a_element per element of every group's A."""
+
+    bytes_per_cta: int
+    align: int
+    header_bytes: int = 0
+    bytes_per_a_element: int = 0
+
+    def record(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"bytes_per_cta": self.bytes_per_cta, "align": self.align}
+        if self.header_bytes:
+            out["header_bytes"] = self.header_bytes
+        if self.bytes_per_a_element:
+            out["bytes_per_a_element"] = self.bytes_per_a_element
+        return out
+
+
+@dataclass(frozen=True)
+class Tables:
+    problem_sizes: TableFormat
+    pointers: TableFormat
+    cta_prefix: TableFormat
+    tensormap_workspace: Workspace
+
+    def record(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name).record() for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-group shape rules of a kernel: k and n must be multiples of these."""
+
+    k_multiple: int = 1
+    n_multiple: int = 1
+
+    def record(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != 1}
+
+
+@dataclass(frozen=True)
+class Serves:
+    """What a set serves with its kernel: exactly `groups` ((m, n, k) rows), or, with
+    dynamic_m, every call with `groups` as its (n, k) rows in order and any m >= 0 per group,
+    up to max_m when that is not None."""
+
+    groups: tuple[tuple[int, ...], ...]
+    dynamic_m: bool = False
+    max_m: int | None = None
+
+    def record(self) -> dict[str, Any]:
+        rows = [list(g) for g in self.groups]
+        if self.dynamic_m:
+            return {"dynamic_m": {"groups": rows, "max_m": self.max_m}}
+        return {"groups": rows}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One compiled kernel, content-addressed: `key` hashes (family, arch, config with acc
+    stages and out dtype, kernel sources, DSL versions, builder version, Python), never a
+    set's name or shapes, so every set one kernel serves shares this record and its cubin."""
+
+    key: str
+    name: str  # readable: "<family>.<arch>.acc<n>.<f16|bf16>.<key[:12]>"
     family: str
+    arch: str
     acc_stages: int
+    out_dtype: str  # one of OUT_DTYPES: the element type the kernel writes C in
+    options: dict[str, Any]  # every other config field
     symbol: str
     cubin: str  # path relative to the artifact directory
     sha256: str
@@ -102,15 +229,11 @@ class KernelEntry:
     cluster: tuple[int, int, int]
     dynamic_smem: int
     sm_count: int | None  # an SM count baked into the cubin, None if read at run time
-    # {"policy": "persistent", "ctas_per_sm": int, optional "cooperative": bool, "every_sm": bool}
-    grid: dict[str, Any]
-    tile: dict[str, int]  # {"m": .., "n": .., "k": ..} of the output tile the prefix table counts
-    constraints: dict[str, Any]  # shapes served: {"groups": [[m, n, k], ...], "k_multiple": ..}
-    tables: dict[str, Any]  # layout of each device table the params point at
+    grid: Grid
+    tile: Tile
+    tables: Tables
+    limits: Limits
     params: tuple[Param, ...]
-    options: dict[str, Any] = field(default_factory=dict)
-    compile_seconds: float = 0.0
-    out_dtype: str = "float16"  # one of OUT_DTYPES: the element type the kernel writes C in
 
     @property
     def takes_alpha(self) -> bool:
@@ -121,27 +244,87 @@ class KernelEntry:
     def param_bytes(self) -> int:
         return max((p.offset + p.size for p in self.params), default=0)
 
+    def record(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("grid", "tile", "tables", "limits"):
+            out[name] = out[name].record()
+        out["params"] = [asdict(p) for p in self.params]
+        return out
+
+
+_DELEGATED = ("key", "family", "options", "symbol", "cubin", "sha256", "cubin_bytes", "block",
+              "cluster", "dynamic_smem", "sm_count", "grid", "tile", "tables", "limits",
+              "params", "takes_alpha", "param_bytes")
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One served (set, arch, acc stages, out dtype): what the dispatch selects and the
+    launcher runs. Its launch data is its `kernel`'s (read through the same attribute names
+    as before schema 2: entry.symbol, entry.tile, entry.params, ...)."""
+
+    name: str  # unique within the manifest: "<set>.<arch>.acc<stages>.<f16|bf16>"
+    set: str
+    arch: str
+    acc_stages: int
+    out_dtype: str
+    serves: Serves
+    kernel: Kernel
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _DELEGATED:
+            return getattr(self.kernel, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def constraints(self) -> dict[str, Any]:
+        """The served shapes and limits as one dict (the schema-1 `constraints` form), for
+        listings and messages."""
+        return {**self.serves.record(), **self.kernel.limits.record()}
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "set": self.set, "arch": self.arch,
+                "acc_stages": self.acc_stages, "out_dtype": self.out_dtype,
+                "kernel": self.kernel.key, "serves": self.serves.record()}
+
 
 @dataclass(frozen=True)
 class Manifest:
     schema_version: int
     builder_version: str
     dsl_version: str
-    kernels: tuple[KernelEntry, ...]
+    kernels: tuple[Kernel, ...]  # each distinct kernel once, sorted by name
+    sets: tuple[KernelEntry, ...]  # what each set is served by, sorted by name
     # What the build was part of, for `merge` (issue 28): a hash of the whole spec's kernel
-    # names and keys ("" in manifests older than it), and (i, n) for a `--shard i/n` build.
+    # names and keys, and (i, n) for a `--shard i/n` build.
     spec_fingerprint: str = ""
     shard: tuple[int, int] | None = None
 
     def to_json(self) -> str:
         """Deterministic JSON: the same build gives byte-identical manifests."""
-        return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"
+        obj = {"schema_version": self.schema_version, "builder_version": self.builder_version,
+               "dsl_version": self.dsl_version, "spec_fingerprint": self.spec_fingerprint,
+               "shard": list(self.shard) if self.shard is not None else None,
+               "kernels": [k.record() for k in self.kernels],
+               "sets": [e.record() for e in self.sets]}
+        return json.dumps(obj, indent=1, sort_keys=True) + "\n"
 
-    def kernel(self, name: str) -> KernelEntry:
-        for k in self.kernels:
-            if k.name == name:
-                return k
-        raise ManifestError(f"no kernel named {name!r}; built: {[k.name for k in self.kernels]}")
+    def entry(self, name: str) -> KernelEntry:
+        for e in self.sets:
+            if e.name == name:
+                return e
+        raise ManifestError(f"no kernel named {name!r}; built: {[e.name for e in self.sets]}")
+
+
+def make_manifest(entries: Any, builder_version: str, dsl_version: str,
+                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None) -> Manifest:
+    """A manifest of these served entries and the kernels they point at, sorted by name."""
+    entries = sorted(entries, key=lambda e: e.name)
+    kernels = {e.kernel.key: e.kernel for e in entries}
+    return Manifest(schema_version=SCHEMA_VERSION, builder_version=builder_version,
+                    dsl_version=dsl_version,
+                    kernels=tuple(sorted(kernels.values(), key=lambda k: k.name)),
+                    sets=tuple(entries), spec_fingerprint=spec_fingerprint, shard=shard)
 
 
 def pack_offsets(sizes_aligns: list[tuple[int, int]]) -> list[int]:
@@ -187,19 +370,16 @@ class _Reader:
     def choice(self, key: str, choices: tuple[str, ...], *, optional: bool = False) -> str | None:
         value = self.get(key, str, optional=optional)
         if value is not None and value not in choices:
-            raise ManifestError(f"{self.path}.{key} must be one of {list(choices)}, but got "
-                                f"{value!r}")
+            raise ManifestError(f"{self.path}.{key} must be one of {list(choices)}, but got {value!r}")
         return value
 
     def ints(self, key: str, length: int | None = None) -> tuple[int, ...]:
         value = self.get(key, list)
         if length is not None and len(value) != length:
-            raise ManifestError(f"{self.path}.{key} must have {length} entries, but has "
-                                f"{len(value)}")
+            raise ManifestError(f"{self.path}.{key} must have {length} entries, but has {len(value)}")
         for i, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ManifestError(f"{self.path}.{key}[{i}] must be int, but got "
-                                    f"{type(v).__name__}")
+                raise ManifestError(f"{self.path}.{key}[{i}] must be int, but got {type(v).__name__}")
         return tuple(value)
 
     def sub(self, key: str) -> _Reader:
@@ -251,8 +431,7 @@ def _parse_param(r: _Reader) -> Param:
     )
     if p.size <= 0 or p.align not in (1, 2, 4, 8, 16, 32, 64, 128) or p.offset % p.align:
         raise ManifestError(
-            f"{r.path}: offset {p.offset}, size {p.size}, align {p.align} is not a valid "
-            "parameter slot"
+            f"{r.path}: offset {p.offset}, size {p.size}, align {p.align} is not a valid parameter slot"
         )
     expected = {"table": (8, 8), "tma_template": (128, 64), "scalar": (4, 4)}.get(kind)
     if expected and (p.size, p.align) != expected:
@@ -263,7 +442,59 @@ def _parse_param(r: _Reader) -> Param:
     return p
 
 
-def _parse_kernel(r: _Reader) -> KernelEntry:
+def _parse_grid(r: _Reader) -> Grid:
+    return Grid(policy=r.get("policy", str), ctas_per_sm=r.get("ctas_per_sm", int),
+                cooperative=r.get("cooperative", bool, optional=True) or False,
+                every_sm=r.get("every_sm", bool, optional=True) or False)
+
+
+def _parse_tables(r: _Reader) -> Tables:
+    def fmt(key: str) -> TableFormat:
+        t = r.sub(key)
+        cols = t.get("columns", list, optional=True) or []
+        if not all(isinstance(c, str) for c in cols):
+            raise ManifestError(f"{t.path}.columns must be a list of names, but got {cols!r}")
+        return TableFormat(dtype=t.choice("dtype", TABLE_DTYPES), columns=tuple(cols))
+
+    ws = r.sub("tensormap_workspace")
+    return Tables(
+        problem_sizes=fmt("problem_sizes"), pointers=fmt("pointers"), cta_prefix=fmt("cta_prefix"),
+        tensormap_workspace=Workspace(
+            bytes_per_cta=ws.get("bytes_per_cta", int), align=ws.get("align", int),
+            header_bytes=ws.get("header_bytes", int, optional=True) or 0,
+            bytes_per_a_element=ws.get("bytes_per_a_element", int, optional=True) or 0))
+
+
+def _rows(r: _Reader, key: str, width: int) -> tuple[tuple[int, ...], ...]:
+    groups = r.get(key, list)
+    if not groups:
+        raise ManifestError(f"{r.path}.{key} must be a non-empty list, but got []")
+    for i, g in enumerate(groups):
+        if (not isinstance(g, list) or len(g) != width
+                or any(isinstance(v, bool) or not isinstance(v, int) for v in g)):
+            raise ManifestError(f"{r.path}.{key}[{i}] must be a list of {width} ints, "
+                                f"but got {g!r}")
+    return tuple(tuple(g) for g in groups)
+
+
+def _parse_serves(r: _Reader) -> Serves:
+    if "dynamic_m" not in r.obj:
+        return Serves(groups=_rows(r, "groups", 3))
+    if "groups" in r.obj:
+        raise ManifestError(f"{r.path} must have either groups (exact shapes) or dynamic_m, "
+                            "not both")
+    dyn = r.obj["dynamic_m"]
+    if not isinstance(dyn, dict) or "groups" not in dyn:
+        raise ManifestError(f"{r.path}.dynamic_m must be an object {_DYNAMIC_FORM}, "
+                            f"but got {dyn!r}")
+    d = _Reader(dyn, f"{r.path}.dynamic_m")
+    max_m = dyn.get("max_m")
+    if max_m is not None and (isinstance(max_m, bool) or not isinstance(max_m, int)):
+        raise ManifestError(f"{d.path}.max_m must be a positive int or null, but got {max_m!r}")
+    return Serves(groups=_rows(d, "groups", 2), dynamic_m=True, max_m=max_m)
+
+
+def _parse_kernel(r: _Reader) -> Kernel:
     params = tuple(
         _parse_param(_Reader(p, f"{r.path}.params[{i}]"))
         for i, p in enumerate(r.get("params", list))
@@ -271,15 +502,16 @@ def _parse_kernel(r: _Reader) -> KernelEntry:
     for i in range(1, len(params)):
         prev = params[i - 1]
         if params[i].offset < prev.offset + prev.size:
-            raise ManifestError(f"{r.path}.params[{i}] ({params[i].name}) overlaps the "
-                                "previous one")
-    entry = KernelEntry(
-        name=r.get("name", str),
+            raise ManifestError(f"{r.path}.params[{i}] ({params[i].name}) overlaps the previous one")
+    tile, limits = r.sub("tile"), r.sub("limits")
+    k = Kernel(
         key=r.get("key", str),
-        set=r.get("set", str),
-        arch=r.choice("arch", ARCHS),
+        name=r.get("name", str),
         family=r.get("family", str),
+        arch=r.choice("arch", ARCHS),
         acc_stages=r.get("acc_stages", int),
+        out_dtype=r.choice("out_dtype", OUT_DTYPES),
+        options=r.get("options", dict),
         symbol=r.get("symbol", str),
         cubin=r.get("cubin", str),
         sha256=r.get("sha256", str),
@@ -288,43 +520,88 @@ def _parse_kernel(r: _Reader) -> KernelEntry:
         cluster=r.ints("cluster", 3),
         dynamic_smem=r.get("dynamic_smem", int),
         sm_count=r.get("sm_count", int, optional=True),
-        grid=r.get("grid", dict),
-        tile=r.get("tile", dict),
-        constraints=r.get("constraints", dict),
-        tables=r.get("tables", dict),
+        grid=_parse_grid(r.sub("grid")),
+        tile=Tile(m=tile.get("m", int), n=tile.get("n", int), k=tile.get("k", int, optional=True)),
+        tables=_parse_tables(r.sub("tables")),
+        limits=Limits(k_multiple=limits.get("k_multiple", int, optional=True) or 1,
+                      n_multiple=limits.get("n_multiple", int, optional=True) or 1),
         params=params,
-        options=r.get("options", dict, optional=True) or {},
-        compile_seconds=float(r.get("compile_seconds", (int, float), optional=True) or 0.0),
-        out_dtype=r.choice("out_dtype", OUT_DTYPES),
     )
-    if len(entry.sha256) != 64:
-        raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {entry.sha256!r}")
-    if Path(entry.cubin).is_absolute() or ".." in Path(entry.cubin).parts:
+    if len(k.sha256) != 64:
+        raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {k.sha256!r}")
+    if Path(k.cubin).is_absolute() or ".." in Path(k.cubin).parts:
         raise ManifestError(f"{r.path}.cubin must be a relative path inside the artifact directory")
-    return entry
+    return k
+
+
+def parse_kernel(obj: Any, source: str) -> Kernel:
+    """One kernel record, typed and checked (runtime/entry_rules.py) as parse_manifest does."""
+    from .entry_rules import check_kernel
+
+    k = _parse_kernel(_Reader(obj, source))
+    check_kernel(k)
+    return k
+
+
+def _parse_entry(r: _Reader, kernels: dict[str, Kernel]) -> KernelEntry:
+    key = r.get("kernel", str)
+    if key not in kernels:
+        raise ManifestError(f"{r.path}.kernel must be the key of a kernel in the manifest, but "
+                            f"got {key!r}")
+    e = KernelEntry(name=r.get("name", str), set=r.get("set", str), arch=r.choice("arch", ARCHS),
+                    acc_stages=r.get("acc_stages", int), out_dtype=r.choice("out_dtype", OUT_DTYPES),
+                    serves=_parse_serves(r.sub("serves")), kernel=kernels[key])
+    k = e.kernel
+    for field_name in ("arch", "acc_stages", "out_dtype"):
+        if getattr(e, field_name) != getattr(k, field_name):
+            raise ManifestError(f"{r.path}.{field_name} must be its kernel's "
+                                f"({getattr(k, field_name)!r}), but got "
+                                f"{getattr(e, field_name)!r}")
+    return e
+
+
+def _check_version(r: _Reader, source: str) -> int:
+    version = r.get("schema_version", int)
+    if version != SCHEMA_VERSION:
+        old = (" (schema 1 gave every set its own cubin; schema 2 shares one per distinct kernel)"
+               if version == 1 else "")
+        raise ManifestError(
+            f"{source}: schema_version must be {SCHEMA_VERSION}, but got {version}{old}; "
+            "rebuild the artifacts with this version of build_kernels.py"
+        )
+    return version
+
+
+def _unique(source: str, what: str, names: list[str]) -> None:
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ManifestError(f"{source}: {what} must be unique, but {dupes} repeat")
 
 
 def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
-    """Validate a decoded manifest; every error names the offending field."""
+    """Validate a decoded manifest into typed records; every error names the offending field.
+    The launch values (served shapes, smem, block, tile, grid) are checked once here, by
+    runtime.entry_rules, for load, verify, package and the builder's reuse alike."""
     r = _Reader(obj, source)
-    version = r.get("schema_version", int)
-    if version != SCHEMA_VERSION:
-        raise ManifestError(
-            f"{source}: schema_version must be {SCHEMA_VERSION}, but got {version}; "
-            "rebuild the artifacts with this version of build_kernels.py"
-        )
+    version = _check_version(r, source)
     kernels = tuple(
         _parse_kernel(_Reader(k, f"{source}.kernels[{i}]"))
         for i, k in enumerate(r.get("kernels", list))
     )
-    from .entry_rules import check_entry  # imports dispatch and plan, which import this
+    _unique(source, "kernel keys", [k.key for k in kernels])
+    _unique(source, "kernel names", [k.name for k in kernels])
+    by_key = {k.key: k for k in kernels}
+    sets = tuple(
+        _parse_entry(_Reader(e, f"{source}.sets[{i}]"), by_key)
+        for i, e in enumerate(r.get("sets", list))
+    )
+    _unique(source, "set entry names", [e.name for e in sets])
+    from .entry_rules import check_entry, check_kernel  # they import dispatch and plan
 
     for k in kernels:
-        check_entry(k)
-    names = [k.name for k in kernels]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ManifestError(f"{source}: kernel names must be unique, but {dupes} repeat")
+        check_kernel(k)
+    for e in sets:
+        check_entry(e)
     shard = r.ints("shard", 2) if r.obj.get("shard") is not None else None
     if shard is not None and not 0 <= shard[0] < shard[1]:
         raise ManifestError(f"{source}.shard must be [i, n] with 0 <= i < n, but got "
@@ -334,6 +611,7 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
         builder_version=r.get("builder_version", str),
         dsl_version=r.get("dsl_version", str),
         kernels=kernels,
+        sets=sets,
         spec_fingerprint=r.get("spec_fingerprint", str, optional=True) or "",
         shard=shard,  # type: ignore[arg-type]
     )

@@ -43,6 +43,8 @@ from typing import Any
 import torch
 
 from .errors import InputError
+from .formats import SF_VEC
+from .formats import blocked_scale_numel as _blocked_scale_numel
 
 __all__ = [
     "E2M1_VALUES",
@@ -81,7 +83,6 @@ E2M1_VALUES: tuple[float, ...] = (
 E2M1_MAX = 6.0
 # Largest finite float8_e4m3fn value: block scales saturate here instead of becoming NaN.
 E4M3_MAX = 448.0
-SF_VEC = 16  # K elements that share one scale.
 
 # Rounding boundaries between consecutive e2m1 magnitudes (midpoints of the grid).
 _E2M1_MIDPOINTS: tuple[float, ...] = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
@@ -172,9 +173,10 @@ def blocked_scale_offset(i: int, j: int, k: int) -> int:
 
 
 def blocked_scale_numel(rows: int, k: int) -> int:
-    """Bytes of the blocked scales of a (rows, K) operand: rows padded to 128, K to 64."""
+    """Bytes of the blocked scales of a (rows, K) operand: rows padded to 128, K to 64
+    (runtime.formats owns the formula; this checks K first)."""
     _check_k(k)
-    return -(-rows // 128) * 128 * (-(-k // (4 * SF_VEC)) * 4)
+    return _blocked_scale_numel(rows, k)
 
 
 def _pad_byte(pad_value: float, dtype: torch.dtype) -> int:

@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import ManifestError
+from .formats import TENSORMAP_BYTES
 from .manifest import Param
 
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-TENSORMAP_BYTES = 128
 
 
 def role(p: Param) -> str:

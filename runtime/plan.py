@@ -3,8 +3,8 @@
 Pure host arithmetic (no torch, no driver), so it is cached per (kernel, shapes, device) and
 tested on CPU. Per call only the pointer table changes (`pointer_table_bytes`).
 
-Table layouts come from the entry's `tables` record (written by kernels/tables.py); the runtime
-never spells a column order itself:
+Table layouts come from the kernel's typed `tables` record (written by kernels/tables.py); the
+runtime never spells a column order itself:
 - problem_sizes: (G, len(columns)) of (m, n, k, l = 1) in the recorded column order.
 - cta_prefix: (G + 1,) prefix sums of tiles_g = ceil(m / tile.m) * ceil(n / tile.n).
 - pointers: (G, len(columns)) device addresses of (a, b, sfa, sfb, c) in the recorded order.
@@ -26,7 +26,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import ArtifactError, InputError, ManifestError
+from .errors import ArtifactError, InputError
 from .manifest import KernelEntry
 
 Shape = tuple[int, int, int]
@@ -48,44 +48,22 @@ def pack_aligned(*parts: bytes) -> tuple[bytes, tuple[int, ...]]:
     return image, tuple(starts)
 
 
-def _table(entry: KernelEntry, name: str) -> dict[str, Any]:
-    t = entry.tables.get(name)
-    if not isinstance(t, dict):
-        raise ManifestError(f"kernel {entry.name!r}: tables.{name} must be an object, "
-                            f"but got {t!r}")
-    return t
-
-
-def _format(entry: KernelEntry, name: str) -> str:
-    dtype = _table(entry, name).get("dtype")
-    if dtype not in _INT_FORMATS:
-        raise ManifestError(f"kernel {entry.name!r}: tables.{name}.dtype must be one of "
-                            f"{sorted(_INT_FORMATS)}, but got {dtype!r}")
+def _format(dtype: str) -> str:
     return _INT_FORMATS[dtype]
-
-
-def _columns(entry: KernelEntry, name: str, allowed: Sequence[str]) -> tuple[str, ...]:
-    cols = _table(entry, name).get("columns")
-    if (not isinstance(cols, list) or not cols or len(set(cols)) != len(cols)
-            or any(c not in allowed for c in cols)):
-        raise ManifestError(f"kernel {entry.name!r}: tables.{name}.columns must be distinct "
-                            f"names from {list(allowed)}, but got {cols!r}")
-    return tuple(cols)
 
 
 def pointer_columns(entry: KernelEntry) -> tuple[str, ...]:
     """Operand order of a pointer-table row ('a', 'b', 'sfa', 'sfb', 'c' in recorded order)."""
-    return _columns(entry, "pointers", ("a", "b", "sfa", "sfb", "c"))
+    return entry.tables.pointers.columns
 
 
 def problem_sizes_bytes(entry: KernelEntry, shapes: Sequence[Shape]) -> bytes:
-    cols = _columns(entry, "problem_sizes", ("m", "n", "k", "l"))
-    fmt = _format(entry, "problem_sizes")
+    t = entry.tables.problem_sizes
     values = []
     for m, n, k in shapes:
         row = {"m": m, "n": n, "k": k, "l": 1}
-        values.extend(row[c] for c in cols)
-    return struct.pack(f"<{len(values)}{fmt}", *values)
+        values.extend(row[c] for c in t.columns)
+    return struct.pack(f"<{len(values)}{_format(t.dtype)}", *values)
 
 
 def cta_prefix(shapes: Sequence[Shape], tile_m: int, tile_n: int) -> tuple[int, ...]:
@@ -101,24 +79,11 @@ def grid_size(entry: KernelEntry, total_tiles: int, sm_count: int) -> int:
     number of clusters (the kernel clamps each CTA's tile range, so spare CTAs exit); with
     grid.every_sm (stream-K kernels, which split tiles' K over every CTA) SMs x CTAs per SM
     whatever the tile count."""
-    policy = entry.grid.get("policy")
-    if policy != "persistent":
-        raise ManifestError(f"kernel {entry.name!r}: grid.policy must be 'persistent', "
-                            f"but got {policy!r}")
-    per_sm = entry.grid.get("ctas_per_sm")
-    if isinstance(per_sm, bool) or not isinstance(per_sm, int) or per_sm < 1:
-        raise ManifestError(f"kernel {entry.name!r}: grid.ctas_per_sm must be a positive int, "
-                            f"but got {per_sm!r}")
-    every_sm = entry.grid.get("every_sm", False)
-    if not isinstance(every_sm, bool):
-        raise ManifestError(f"kernel {entry.name!r}: grid.every_sm must be true or false, "
-                            f"but got {every_sm!r}")
+    every_sm = entry.grid.every_sm
+    per_sm = entry.grid.ctas_per_sm  # policy "persistent" and cluster (x, 1, 1): entry_rules
     if total_tiles <= 0:
         return 0
-    cx, cy, cz = entry.cluster
-    if cy != 1 or cz != 1:
-        raise ManifestError(f"kernel {entry.name!r}: a persistent 1-D grid needs cluster "
-                            f"(x, 1, 1), but got {entry.cluster}")
+    cx = entry.cluster[0]
     grid = sm_count * per_sm if every_sm else min(total_tiles, sm_count * per_sm)
     return -(-grid // cx) * cx
 
@@ -181,36 +146,14 @@ def _layout(entry: KernelEntry) -> _Layout:
     hit = _LAYOUTS.get(id(entry))
     if hit is not None and hit[0] is entry:
         return hit[1]
-    tile_m, tile_n = entry.tile.get("m"), entry.tile.get("n")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and t > 0 for t in (tile_m, tile_n)):
-        raise ManifestError(f"kernel {entry.name!r}: tile must have positive int 'm' and 'n', "
-                            f"but got {entry.tile!r}")
-    ws = _table(entry, "tensormap_workspace")
-    per_cta, header, a_element = (ws.get("bytes_per_cta"), ws.get("header_bytes", 0),
-                                  ws.get("bytes_per_a_element", 0))
-    for key, value in (("bytes_per_cta", per_cta), ("header_bytes", header),
-                       ("bytes_per_a_element", a_element)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.{key} "
-                                f"must be a non-negative int, but got {value!r}")
-    if header % TABLE_ALIGN:
-        raise ManifestError(f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes "
-                            f"must be a multiple of {TABLE_ALIGN}, but got {header}")
-    # The header is the kernel's cross-CTA state (a grid barrier or stream_a's progress
-    # counters), which it reads through its own parameter: a captured launch gives it a
-    # persistent zeroed copy, not the graph's workspace.
-    barrier = any(p.kind == "table" and p.table == "grid_barrier" for p in entry.params)
-    if bool(header) != barrier:
-        raise ManifestError(
-            f"kernel {entry.name!r}: tables.tensormap_workspace.header_bytes is {header} but the "
-            f"kernel {'has' if barrier else 'has no'} grid_barrier parameter; a zeroed header "
-            "and a grid_barrier parameter come together")
-    cols = _columns(entry, "problem_sizes", ("m", "n", "k", "l"))
+    # Every value here was checked when the manifest was parsed (runtime/entry_rules.py).
+    t, ws = entry.tables, entry.tables.tensormap_workspace
     layout = _Layout(
-        tile_m=tile_m, tile_n=tile_n, per_cta=per_cta, header=header, a_element=a_element,
-        size_index=tuple("mnkl".index(c) for c in cols),
-        size_format=_format(entry, "problem_sizes"), prefix_format=_format(entry, "cta_prefix"),
-        pointer_columns=pointer_columns(entry), pointer_format=_pointer_format(entry))
+        tile_m=entry.tile.m, tile_n=entry.tile.n, per_cta=ws.bytes_per_cta,
+        header=ws.header_bytes, a_element=ws.bytes_per_a_element,
+        size_index=tuple("mnkl".index(c) for c in t.problem_sizes.columns),
+        size_format=_format(t.problem_sizes.dtype), prefix_format=_format(t.cta_prefix.dtype),
+        pointer_columns=t.pointers.columns, pointer_format=_format(t.pointers.dtype))
     if len(_LAYOUTS) > 4096:  # entries are few; only tests make thousands
         _LAYOUTS.clear()
     _LAYOUTS[id(entry)] = (entry, layout)  # the entry is kept, so its id is not reused
@@ -279,14 +222,6 @@ def _check_cells(entry: KernelEntry, shapes: Sequence[Shape], size_format: str,
     if total_tiles >= _FORMAT_LIMITS[prefix_format]:
         raise InputError(f"the call's output tiles must number < {_FORMAT_LIMITS[prefix_format]} "
                          f"(kernel {entry.name!r}'s cta_prefix table), but got {total_tiles}")
-
-
-def _pointer_format(entry: KernelEntry) -> str:
-    fmt = _format(entry, "pointers")
-    if fmt != "q":
-        raise ManifestError(f"kernel {entry.name!r}: tables.pointers.dtype must be 'int64' to "
-                            "hold device addresses")
-    return fmt
 
 
 def pointer_table_bytes(plan: Plan, rows: Sequence[int]) -> bytes:

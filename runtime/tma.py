@@ -12,9 +12,8 @@ import ctypes
 from typing import Any
 
 from .errors import ManifestError
+from .formats import TENSORMAP_BYTES
 from .manifest import TmaGeometry
-
-TENSORMAP_BYTES = 128
 
 
 def _enum(enum_type: Any, prefix: str, name: str, what: str) -> Any:

@@ -238,11 +238,11 @@ def main() -> int:
     cap = torch.cuda.get_device_capability()
     print(f"device: {torch.cuda.get_device_name()} cc {cap}, torch {torch.__version__}")
     manifest = load_manifest(args.artifacts)
-    names = [k.name for k in manifest.kernels if ARCH_CAPABILITY[k.arch] == cap
+    names = [k.name for k in manifest.sets if ARCH_CAPABILITY[k.arch] == cap
              and (not args.only or k.name in args.only)]
     jobs = [(name, False) for name in names]
     if args.recipe:
-        jobs += [(k.name, True) for k in manifest.kernels if k.set in RECIPE_SETS
+        jobs += [(k.name, True) for k in manifest.sets if k.set in RECIPE_SETS
                  and ARCH_CAPABILITY[k.arch] == cap and k.name in names]
     results = []
     for name, recipe in jobs:

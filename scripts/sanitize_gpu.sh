@@ -52,7 +52,7 @@ if ! symbols="$(python - "$artifacts" "${kernels[@]}" <<'EOF'
 import sys
 from runtime.manifest import load_manifest
 m = load_manifest(sys.argv[1])
-by_name = {k.name: k for k in m.kernels}
+by_name = {e.name: e for e in m.sets}  # set entries; .symbol is their kernel's
 missing = [n for n in sys.argv[2:] if n not in by_name]
 if missing:
     sys.exit(f"sanitize: kernels {missing} are not in {sys.argv[1]}; built: {sorted(by_name)}")

@@ -108,7 +108,10 @@ def finish(config, arch, groups, symbol, cubin, ptx, params):
         cluster=(1, 1, 1), dynamic_smem=1024 * config.tile_m,
         grid={"policy": "persistent", "ctas_per_sm": 1},
         tile={"m": config.tile_m, "n": 128, "k": 256},
-        tables={"problem_sizes": {"dtype": "int32", "shape": ["groups", 4]}},
+        tables={"problem_sizes": {"dtype": "int32", "columns": ["m", "n", "k", "l"]},
+                "pointers": {"dtype": "int64", "columns": ["a", "b", "sfa", "sfb", "c"]},
+                "cta_prefix": {"dtype": "int32"},
+                "tensormap_workspace": {"bytes_per_cta": 512, "align": 128}},
         constraints={"groups": [list(g) for g in groups], "k_multiple": 256}, sm_count=None)
 '''
 
@@ -131,7 +134,9 @@ def compile_kernel(config, *, arch, groups):
            f".visible .entry {{symbol}}(\\n"
            f"\\t.param .u64 .ptr .global .align 16 {{symbol}}_param_0,\\n"
            f"\\t.param .u32 {{symbol}}_param_1\\n)\\n{{{{\\n\\tret;\\n}}}}\\n")
-    payload = f"{{arch}} {{config}} {{groups}}"
+    # The config and arch only: a real family compiles shape-generic kernels, so one cubin
+    # serves every set of its key (manifest schema 2) and shards agree on it.
+    payload = f"{{arch}} {{config}}"
     return finish(config, arch, groups, symbol, fake_elf(arch, symbol, payload), ptx, PARAMS)
 '''
 

@@ -36,7 +36,13 @@ from runtime.loader import (
     cubin_param_layout,
     device_offsets,
 )
-from runtime.manifest import MANIFEST_NAME, SCHEMA_VERSION, Manifest, load_manifest, pack_offsets
+from runtime.manifest import (
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    load_manifest,
+    make_manifest,
+    pack_offsets,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(REPO / "artifacts")
@@ -59,15 +65,14 @@ def _from_artifacts(dst: Path) -> bool:
         return False
     picked = []
     for arch in ("sm_90a", "sm_100a"):
-        ok = [e for e in m.kernels if e.arch == arch and (src / e.cubin).is_file()]
+        ok = [e for e in m.sets if e.arch == arch and (src / e.cubin).is_file()]
         if not ok:
             return False
         picked.append(min(ok, key=lambda e: e.cubin_bytes))
     (dst / "cubins").mkdir(parents=True)
     for e in picked:
         shutil.copyfile(src / e.cubin, dst / e.cubin)
-    out = Manifest(schema_version=m.schema_version, builder_version=m.builder_version,
-                   dsl_version=m.dsl_version, kernels=tuple(picked))
+    out = make_manifest(picked, m.builder_version, m.dsl_version)
     (dst / MANIFEST_NAME).write_text(out.to_json())
     return True
 
@@ -110,23 +115,29 @@ def art(real_dir: Path, tmp_path: Path) -> Path:
 
 
 def kernel(directory: Path, arch: str = "sm_90a"):
-    return next(e for e in load_manifest(directory).kernels if e.arch == arch)
+    """The first set entry for `arch` (what the runtime loads first)."""
+    return next(e for e in load_manifest(directory).sets if e.arch == arch)
+
+
+def _kernel_record(obj: dict, name: str) -> dict:
+    """The JSON kernel record serving set entry `name` (manifest schema 2)."""
+    key = next(s["kernel"] for s in obj["sets"] if s["name"] == name)
+    return next(k for k in obj["kernels"] if k["key"] == key)
 
 
 def edit(directory: Path, name: str, **changes: Any) -> dict:
-    """Change fields of one kernel's JSON entry; returns the edited entry."""
+    """Change fields of the kernel record that serves set entry `name`; returns the record."""
     path = directory / MANIFEST_NAME
     obj = json.loads(path.read_text())
-    k = next(k for k in obj["kernels"] if k["name"] == name)
+    k = _kernel_record(obj, name)
     k.update(changes)
     path.write_text(json.dumps(obj, indent=1))
     return k
 
 
 def recorded_params(directory: Path, name: str) -> list[dict]:
-    """One kernel's parameter records as the manifest JSON holds them."""
-    obj = json.loads((directory / MANIFEST_NAME).read_text())
-    return next(k for k in obj["kernels"] if k["name"] == name)["params"]
+    """The parameter records of set entry `name`'s kernel as the manifest JSON holds them."""
+    return _kernel_record(json.loads((directory / MANIFEST_NAME).read_text()), name)["params"]
 
 
 def write_cubin(directory: Path, e, data: bytes, *, match_manifest: bool) -> None:
@@ -199,13 +210,16 @@ def test_manifest_not_an_object(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version,message", [
-    (SCHEMA_VERSION + 1, ("schema_version must be 1, but got 2; rebuild the artifacts with "
+    (SCHEMA_VERSION + 1, ("schema_version must be 2, but got 3; rebuild the artifacts with "
                           "this version of build_kernels.py")),
-    (0, ("schema_version must be 1, but got 0; rebuild the artifacts with this version of "
+    (1, ("schema_version must be 2, but got 1 (schema 1 gave every set its own cubin; schema 2 "
+         "shares one per distinct kernel); rebuild the artifacts with this version of "
+         "build_kernels.py")),
+    (0, ("schema_version must be 2, but got 0; rebuild the artifacts with this version of "
          "build_kernels.py")),
     ("1", ".schema_version must be int, but got str"),
     (None, ".schema_version is missing"),
-], ids=["newer", "older", "string", "missing"])
+], ids=["newer", "schema1", "older", "string", "missing"])
 def test_unknown_schema_version(art: Path, version: Any, message: str) -> None:
     path = art / MANIFEST_NAME
     obj = json.loads(path.read_text())
@@ -241,8 +255,9 @@ def test_cubin_path_outside_the_directory(art: Path) -> None:
 
 
 def _index(directory: Path, name: str) -> int:
+    """Where the kernel record serving set entry `name` is in the manifest's kernels list."""
     obj = json.loads((directory / MANIFEST_NAME).read_text())
-    return [k["name"] for k in obj["kernels"]].index(name)
+    return obj["kernels"].index(_kernel_record(obj, name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,7 +401,7 @@ def test_random_corruption_never_escapes_as_another_exception(art: Path) -> None
         write_cubin(art, e, bytes(data), match_manifest=True)
         store = ArtifactStore(art)
         try:
-            store.read_cubin(store.manifest.kernel(e.name))
+            store.read_cubin(store.manifest.entry(e.name))
             outcomes["ok"] += 1
         except ArtifactError:
             outcomes["error"] += 1
@@ -532,7 +547,9 @@ def test_verify_reports_the_abi_mismatch(art: Path) -> None:
     edit(art, e.name, params=params[:-1])
     problems = verify_dir(art)
     assert len(problems) == 1
-    assert problems[0].startswith(f"{e.name}: kernel {e.name!r}: the cubin's {e.symbol} has ")
+    # verify reports per kernel record (one cubin), not per set entry
+    k = e.kernel.name
+    assert problems[0].startswith(f"{k}: kernel {k!r}: the cubin's {e.symbol} has ")
 
 
 def test_every_error_is_one_exception_family(tmp_path: Path) -> None:

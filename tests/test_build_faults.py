@@ -174,7 +174,8 @@ def test_merge_refuses_a_missing_shard(fake: Fake, tmp_path: Path) -> None:
     build(shard(items, 1, 3), tmp_path / "s1", fams,
           selection=Selection(spec_fingerprint(items), (1, 3)))
     merged = merge(tmp_path / "m", [tmp_path / f"s{i}" for i in range(3)])
-    assert (merged.shard, len(merged.kernels)) == (None, 9) and verify_dir(tmp_path / "m") == []
+    assert (merged.shard, len(merged.sets), len(merged.kernels)) == (None, 9, 4)
+    assert verify_dir(tmp_path / "m") == []
 
 
 # ------------------------------------------------------------------ case 7: the lock

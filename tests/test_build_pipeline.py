@@ -24,12 +24,20 @@ from builder import atomic
 from builder.build import BuildFailed, build, merge
 from builder.errors import BuildError
 from builder.families import load_families
-from builder.plan import BUILDER_VERSION, BuildItem, dsl_version, expand, parse_shard, shard
+from builder.plan import (
+    BUILDER_VERSION,
+    BuildItem,
+    compile_list,
+    dsl_version,
+    expand,
+    parse_shard,
+    shard,
+)
 from builder.runner import split_jobs
 from builder.selection import Selection, spec_fingerprint
 from builder.spec import parse_spec_text
 from builder.verify import verify_dir
-from runtime.manifest import MANIFEST_NAME, load_manifest
+from runtime.manifest import MANIFEST_NAME, kernel_record_name, load_manifest
 
 SPEC = """\
 schema_version: 1
@@ -48,6 +56,13 @@ sets:
 """
 NAMES = sorted(f"{s}.{a}" for s in ("moe", "dense", "mixed")
                for a in ("sm_90a.acc1.f16", "sm_100a.acc1.f16", "sm_100a.acc2.f16"))
+# Manifest schema 2: one kernel per distinct (family, arch, config); set names and shapes are
+# not in the key. SPEC's 9 set entries need 4 kernels: fake90 tile_m 64 (moe), fake90 tile_m
+# 128 (dense, mixed), fake100 acc1 and fake100 acc2 (every set). The first set by name
+# compiles each kernel, the others share it.
+COMPILED = ["dense.sm_100a.acc1.f16", "dense.sm_100a.acc2.f16", "dense.sm_90a.acc1.f16",
+            "moe.sm_90a.acc1.f16"]
+STATUSES = ["compiled" if n in COMPILED else "shared" for n in NAMES]
 
 
 def plan(fake: Fake, text: str = SPEC, module: str | None = None) -> list[BuildItem]:
@@ -84,19 +99,37 @@ def test_plan_is_sorted_plain_data(fake: Fake) -> None:
         "fake90", (("fail", 0), ("tile_m", 64)), ((80, 4096, 7168), (176, 4096, 7168)))
     for it in items:  # survives the trip to a worker as JSON
         assert BuildItem.from_dict(json.loads(json.dumps(it.to_dict()))) == it
-    assert len({it.key for it in items}) == len(items)
+    assert [it.name for it in compile_list(items)] == COMPILED  # one per distinct kernel
+    by_key = {}
+    for it in items:
+        by_key.setdefault(it.key, []).append(it.name)
+    assert sorted(by_key.values()) == [
+        ["dense.sm_100a.acc1.f16", "mixed.sm_100a.acc1.f16", "moe.sm_100a.acc1.f16"],
+        ["dense.sm_100a.acc2.f16", "mixed.sm_100a.acc2.f16", "moe.sm_100a.acc2.f16"],
+        ["dense.sm_90a.acc1.f16", "mixed.sm_90a.acc1.f16"], ["moe.sm_90a.acc1.f16"]]
     assert plan(fake) == items  # deterministic
 
 
-def test_key_covers_spec_and_sources_but_not_the_set_name(fake: Fake) -> None:
+def test_key_covers_config_and_sources_but_not_the_set_name_or_shapes(fake: Fake) -> None:
     base = {it.name: it.key for it in plan(fake)}
     renamed = {it.name: it.key for it in plan(fake, SPEC.replace("name: dense", "name: dense2"))}
     assert renamed["dense2.sm_90a.acc1.f16"] == base["dense.sm_90a.acc1.f16"]
-    regrouped = {it.name: it.key for it in plan(fake, SPEC.replace("[192, 3072", "[200, 3072"))}
-    assert {n for n in base if regrouped[n] != base[n]} == {
-        "dense.sm_90a.acc1.f16", "dense.sm_100a.acc1.f16", "dense.sm_100a.acc2.f16"}
+    regrouped = plan(fake, SPEC.replace("[192, 3072", "[200, 3072"))
+    assert {it.name: it.key for it in regrouped} == base  # shapes are what a set serves
+    assert next(it for it in regrouped if it.set == "dense").groups == ((200, 3072, 4096),)
+    dynamic = SPEC.replace("    groups: [[192, 3072, 4096]]\n",
+                           "    m: dynamic\n    groups: [[3072, 4096]]\n    max_m: 512\n")
+    dyn = {it.name: it for it in plan(fake, dynamic)}
+    assert {n: it.key for n, it in dyn.items()} == base
+    assert dyn["dense.sm_90a.acc1.f16"].serves().record() == {
+        "dynamic_m": {"groups": [[3072, 4096]], "max_m": 512}}
     retiled = {it.name: it.key for it in plan(fake, SPEC.replace("tile_m: 64", "tile_m: 128"))}
     assert {n for n in base if retiled[n] != base[n]} == {"moe.sm_90a.acc1.f16"}
+    # ... and moe's sm_90a config is now dense's: one kernel serves both.
+    assert retiled["moe.sm_90a.acc1.f16"] == base["dense.sm_90a.acc1.f16"]
+    recast = {it.name: it.key for it in plan(fake, SPEC.replace(
+        "out_dtypes: [float16]", "out_dtypes: [float16, bfloat16]"))}
+    assert len({recast[n.replace(".f16", ".bf16")] for n in NAMES} | set(base.values())) == 8
     with open(fake.family_dir("fake100") / "compile.py", "a") as f:
         f.write("# a change\n")
     touched = {it.name: it.key for it in plan(fake)}
@@ -145,29 +178,43 @@ def test_split_jobs_keeps_one_arch_per_worker(fake: Fake) -> None:
 def test_build_writes_manifest_and_content_addressed_cubins(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     report = run(fake, out)
-    assert [r.status for r in report.rows] == ["compiled"] * 9 and report.changed
+    assert [r.status for r in report.rows] == STATUSES and report.changed
+    assert [r.compile_seconds is not None for r in report.rows] == [
+        n in COMPILED for n in NAMES]
+    assert len(fake.compiles()) == 4
     m = load_manifest(out)
-    assert (m.schema_version, m.builder_version, m.dsl_version) == (1, BUILDER_VERSION,
+    assert (m.schema_version, m.builder_version, m.dsl_version) == (2, BUILDER_VERSION,
                                                                     dsl_version())
-    assert [e.name for e in m.kernels] == NAMES
+    assert [e.name for e in m.sets] == NAMES
     items = {it.name: it for it in plan(fake)}
-    for e in m.kernels:
+    assert [k.name for k in m.kernels] == sorted(
+        kernel_record_name(items[n].family, items[n].arch, items[n].acc_stages, "float16",
+                           items[n].key) for n in COMPILED)
+    assert {k.key for k in m.kernels} == {it.key for it in items.values()}
+    for e in m.sets:
         it = items[e.name]
         assert (e.key, e.set, e.arch, e.family, e.acc_stages) == (
             it.key, it.set, it.arch, it.family, it.acc_stages)
-        assert e.cubin == f"cubins/{e.name}.{e.key[:12]}.cubin"
+        assert e.kernel in m.kernels  # the set points at its kernel record, by key
+        assert e.kernel.name == f"{it.family}.{it.arch}.acc{it.acc_stages}.f16.{it.key[:12]}"
+        assert e.cubin == f"cubins/{e.kernel.name}.cubin"
         data = (out / e.cubin).read_bytes()
         assert (e.sha256, e.cubin_bytes) == (hashlib.sha256(data).hexdigest(), len(data))
         assert e.symbol == "fake_gemm_0" and e.block == (128, 1, 1) and e.cluster == (1, 1, 1)
         assert e.options == dict(it.options)  # the full config, defaults filled in
         assert e.dynamic_smem == 1024 * e.options["tile_m"]
+        assert e.serves.groups == it.groups and not e.serves.dynamic_m  # each set its own
+        assert e.kernel.limits.k_multiple == 256
         assert e.constraints == {"groups": [list(g) for g in it.groups], "k_multiple": 256}
         assert [(p.name, p.kind, p.offset, p.size, p.align) for p in e.params] == [
             ("problem_sizes", "table", 0, 8, 8), ("num_groups", "scalar", 8, 4, 4)]
-        assert e.compile_seconds == 0.0  # timings would make manifests differ run to run
-    assert (out / MANIFEST_NAME).read_text() == m.to_json()
+    text = (out / MANIFEST_NAME).read_text()
+    assert text == m.to_json()
+    assert "seconds" not in text  # timings would make manifests differ run to run
+    assert sorted(json.loads(text)["sets"][0]) == [
+        "acc_stages", "arch", "kernel", "name", "out_dtype", "serves", "set"]
     assert sorted(tree_hash(out)) == sorted(["cubins", MANIFEST_NAME]
-                                            + [e.cubin for e in m.kernels])
+                                            + [k.cubin for k in m.kernels])  # 4 cubins
     assert verify_dir(out) == []
     assert siblings(out) == [".artifacts.lock", "artifacts"]  # no temp dirs left
     assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's private mode
@@ -184,32 +231,36 @@ def test_second_run_compiles_nothing_and_takes_under_2s(fake: Fake, tmp_path: Pa
     out = tmp_path / "artifacts"
     first = cli(fake, "build", "--spec", str(spec), "--out", str(out))
     assert first.returncode == 0, first.stderr
-    assert len(fake.compiles()) == 9
+    assert len(fake.compiles()) == 4
+    assert f"{out}: 9 kernel(s), 4 compiled, 5 shared, 0 reused; written" in first.stdout
     before = tree_hash(out)
     start = time.monotonic()
     second = cli(fake, "--spec", str(spec), "--out", str(out))  # `build` is the default
     elapsed = time.monotonic() - start
     assert second.returncode == 0, second.stderr
-    assert len(fake.compiles()) == 9
+    assert len(fake.compiles()) == 4
     assert elapsed < 2.0, elapsed
-    assert f"{out}: 9 kernel(s), 0 compiled, 9 reused; already up to date" in second.stdout
+    assert f"{out}: 9 kernel(s), 0 compiled, 0 shared, 9 reused; already up to date" in \
+        second.stdout
     assert tree_hash(out) == before
 
 
 def test_changing_one_family_source_rebuilds_only_its_kernels(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     run(fake, out)
-    old = {e.name: e for e in load_manifest(out).kernels}
+    old = {e.name: e for e in load_manifest(out).sets}
     compile_py = fake.family_dir("fake90") / "compile.py"
     os.utime(compile_py)  # a new mtime alone changes no content: nothing to rebuild
     assert not run(fake, out).changed
     with open(compile_py, "a") as f:
         f.write("# tuned\n")
     report = run(fake, out)
-    assert {r.name for r in report.rows if r.status == "compiled"} == {
-        "dense.sm_90a.acc1.f16", "mixed.sm_90a.acc1.f16", "moe.sm_90a.acc1.f16"}
-    assert [line.split()[0] for line in fake.compiles()[9:]] == ["fake90"] * 3
-    new = {e.name: e for e in load_manifest(out).kernels}
+    assert {r.name: r.status for r in report.rows if "sm_90a" in r.name} == {
+        "dense.sm_90a.acc1.f16": "compiled", "mixed.sm_90a.acc1.f16": "shared",
+        "moe.sm_90a.acc1.f16": "compiled"}
+    assert {r.status for r in report.rows if "sm_100a" in r.name} == {"reused"}
+    assert [line.split()[0] for line in fake.compiles()[4:]] == ["fake90"] * 2
+    new = {e.name: e for e in load_manifest(out).sets}
     for name in NAMES:
         assert (new[name].key == old[name].key) == ("sm_100a" in name)
         assert (out / new[name].cubin).is_file()
@@ -222,26 +273,37 @@ def test_spec_change_rebuilds_only_changed_items_and_drops_removed(fake: Fake,
                                                                    tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     run(fake, out)
-    text = SPEC.replace("[192, 3072, 4096]", "[200, 3072, 4096]")
-    text = text.replace("  - name: mixed\n    groups: [[96, 1024, 512], [40, 2048, 768]]\n", "")
+    old = load_manifest(out)
+    # dense: new shapes (its kernels stay) and a new sm_100a config (new kernels); moe, whose
+    # sm_90a kernel no other set uses, goes.
+    text = SPEC.replace("    groups: [[192, 3072, 4096]]\n",
+                        "    groups: [[200, 3072, 4096]]\n    options: {sm_100a: {tile_m: 64}}\n")
+    text = text.replace("  - name: moe\n    groups: [[80, 4096, 7168], [176, 4096, 7168]]\n"
+                        "    options: {sm_90a: {tile_m: 64}}\n", "")
     report = run(fake, out, text)
+    assert report.changed
     assert {r.name: r.status for r in report.rows} == {
         "dense.sm_100a.acc1.f16": "compiled", "dense.sm_100a.acc2.f16": "compiled",
-        "dense.sm_90a.acc1.f16": "compiled", "moe.sm_100a.acc1.f16": "reused",
-        "moe.sm_100a.acc2.f16": "reused", "moe.sm_90a.acc1.f16": "reused"}
-    assert len(fake.compiles()) == 12
-    assert [e.name for e in load_manifest(out).kernels] == [n for n in NAMES
-                                                              if not n.startswith("mixed")]
-    assert verify_dir(out) == []  # the removed set's cubins are gone, not stray
+        "dense.sm_90a.acc1.f16": "reused", "mixed.sm_100a.acc1.f16": "reused",
+        "mixed.sm_100a.acc2.f16": "reused", "mixed.sm_90a.acc1.f16": "reused"}
+    assert len(fake.compiles()) == 6
+    m = load_manifest(out)
+    assert [e.name for e in m.sets] == [n for n in NAMES if not n.startswith("moe")]
+    assert m.entry("dense.sm_90a.acc1.f16").serves.groups == ((200, 3072, 4096),)
+    assert m.entry("dense.sm_90a.acc1.f16").kernel == old.entry("dense.sm_90a.acc1.f16").kernel
+    assert len(m.kernels) == 5
+    assert not (out / old.entry("moe.sm_90a.acc1.f16").cubin).exists()
+    assert verify_dir(out) == []  # the removed set's own cubin is gone, not stray
 
 
 def test_altered_cubin_is_recompiled_not_reused(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     run(fake, out)
-    entry = load_manifest(out).kernel("dense.sm_90a.acc1.f16")
+    entry = load_manifest(out).entry("dense.sm_90a.acc1.f16")
     (out / entry.cubin).write_bytes(b"garbage")
     report = run(fake, out)
     assert [r.name for r in report.rows if r.status == "compiled"] == ["dense.sm_90a.acc1.f16"]
+    assert [r.name for r in report.rows if r.status == "shared"] == ["mixed.sm_90a.acc1.f16"]
     assert verify_dir(out) == []
 
 
@@ -250,8 +312,8 @@ def test_force_recompiles_everything(fake: Fake, tmp_path: Path) -> None:
     run(fake, out)
     before = tree_hash(out)
     report = run(fake, out, force=True)
-    assert [r.status for r in report.rows] == ["compiled"] * 9
-    assert len(fake.compiles()) == 18
+    assert [r.status for r in report.rows] == STATUSES
+    assert len(fake.compiles()) == 8
     assert tree_hash(out) == before  # same inputs, byte-identical output
 
 
@@ -279,14 +341,15 @@ def test_failed_build_leaves_old_directory_byte_identical(fake: Fake, tmp_path: 
     out = tmp_path / "artifacts"
     run(fake, out)
     before = tree_hash(out)
-    # One changed set compiles fine, the other fails on sm_100a only.
-    text = SPEC.replace("[192, 3072, 4096]", "[200, 3072, 4096]")
+    # One changed set's new kernels compile fine, the other's fail on sm_100a only.
+    text = SPEC.replace("    groups: [[192, 3072, 4096]]\n",
+                        "    groups: [[200, 3072, 4096]]\n    options: {sm_100a: {tile_m: 64}}\n")
     text += f"    options: {{sm_100a: {{fail: {fail}}}}}\n"
     with pytest.raises(BuildFailed) as info:
         run(fake, out, text, jobs=1)
     msg = str(info.value)
     first = msg.splitlines()[0]
-    assert first.startswith("build failed: 1 of 9 kernels failed")
+    assert first.startswith("build failed: 1 of 4 kernels failed")  # 4 to compile
     assert first.endswith(f"; {out} was left unchanged")
     assert (f"  mixed.sm_100a.acc1.f16 (set mixed, arch sm_100a, acc stages 1, out float16): {error}"
             in msg.splitlines())
@@ -301,8 +364,9 @@ def test_launch_data_the_runtime_would_reject_fails_that_kernel(fake: Fake,
     (failure,) = info.value.failures
     assert failure.item.name == "mixed.sm_90a.acc1.f16"
     assert failure.error["message"].startswith(
-        "the recorded launch data is not a valid manifest entry: entry.kernels[0].params[0].kind "
-        "must be one of ")
+        f"the recorded launch data is not a valid kernel record: {failure.item.kernel_name}"
+        ".params[0].kind must be one of ['table', 'tma_template', 'scalar', 'zeros'], but got "
+        "'pointer'")
 
 
 def test_keep_going_reports_every_failure(fake: Fake, tmp_path: Path) -> None:
@@ -363,7 +427,7 @@ def test_interrupted_swap_is_recovered_by_the_next_build(fake: Fake, tmp_path: P
     os.rename(out, tmp_path / ".artifacts.old-4242")
     (tmp_path / ".artifacts.tmp-dead").mkdir()  # ... and one killed while compiling
     report = run(fake, out)
-    assert not report.changed and len(fake.compiles()) == 9
+    assert not report.changed and len(fake.compiles()) == 4
     assert tree_hash(out) == before
     assert siblings(out) == [".artifacts.lock", "artifacts"]
 
@@ -433,7 +497,7 @@ def test_concurrent_builds_serialize_and_the_second_reuses(fake: Fake, tmp_path:
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err.decode()
-    assert len(fake.compiles()) == 9  # whoever came second found everything built
+    assert len(fake.compiles()) == 4  # whoever came second found everything built
     assert verify_dir(tmp_path / "artifacts") == []
 
 
@@ -462,6 +526,14 @@ def test_shards_merged_equal_a_full_build(fake: Fake, tmp_path: Path) -> None:
 
 def test_merge_refuses_different_keys_and_versions(fake: Fake, tmp_path: Path) -> None:
     run(fake, tmp_path / "a")
+    # Same kernels (keys do not cover shapes), other shapes: a set record of another spec.
+    run(fake, tmp_path / "c", SPEC.replace("[192, 3072", "[200, 3072"))
+    with pytest.raises(BuildError) as info:
+        merge(tmp_path / "m", [tmp_path / "a", tmp_path / "c"])
+    assert str(info.value) == (
+        f"kernel dense.sm_100a.acc1.f16 serves {{'groups': [[192, 3072, 4096]]}} in "
+        f"{tmp_path / 'a'} but {{'groups': [[200, 3072, 4096]]}} in {tmp_path / 'c'}; were the "
+        "shards built from different specs?")
     with open(fake.family_dir("fake90") / "config.py", "a") as f:
         f.write("# changed\n")
     run(fake, tmp_path / "b")
@@ -488,15 +560,17 @@ def test_verify_catches_altered_missing_wrong_arch_and_stray(fake: Fake, tmp_pat
     out = tmp_path / "artifacts"
     run(fake, out)
     ok = cli(fake, "verify", str(out))
-    assert ok.returncode == 0 and "ok (9 kernel(s)" in ok.stdout
+    assert ok.stdout == (f"{out}: ok (9 kernel(s) served by 4 cubin(s); every cubin matches "
+                         "its sha256, arch and symbol)\n")
     m = load_manifest(out)
-    e = {k.name: k for k in m.kernels}
-    altered = out / e["dense.sm_100a.acc1.f16"].cubin
-    altered.write_bytes(altered.read_bytes()[:-1] + b"X")
-    (out / e["moe.sm_100a.acc2.f16"].cubin).unlink()
+    # Problems are reported per kernel record (one cubin each), whichever sets it serves.
+    e = {s.name: s.kernel for s in m.sets}
     # A valid cubin for the wrong arch, with the manifest's sha256 and size made to match it,
     # so that only the ELF check can notice.
     wrong = (out / e["mixed.sm_100a.acc1.f16"].cubin).read_bytes()
+    altered = out / e["dense.sm_100a.acc1.f16"].cubin
+    altered.write_bytes(altered.read_bytes()[:-1] + b"X")
+    (out / e["moe.sm_100a.acc2.f16"].cubin).unlink()
     target = e["mixed.sm_90a.acc1.f16"]
     (out / target.cubin).write_bytes(wrong)
     text = (out / MANIFEST_NAME).read_text()
@@ -509,22 +583,25 @@ def test_verify_catches_altered_missing_wrong_arch_and_stray(fake: Fake, tmp_pat
     lines = bad.stderr.splitlines()
     assert lines[0] == f"{out}: 4 problem(s):"
     assert sorted(lines[1:]) == sorted([
-        (f"  dense.sm_100a.acc1.f16: cubin {altered.relative_to(out)} has sha256 "
+        (f"  {e['dense.sm_100a.acc1.f16'].name}: cubin {altered.relative_to(out)} has sha256 "
          f"{hashlib.sha256(altered.read_bytes()).hexdigest()[:16]}..., manifest says "
          f"{e['dense.sm_100a.acc1.f16'].sha256[:16]}... (altered or corrupt: rebuild it)"),
-        f"  moe.sm_100a.acc2.f16: cubin {e['moe.sm_100a.acc2.f16'].cubin} is missing",
-        f"  mixed.sm_90a.acc1.f16: cubin {target.cubin} is for sm_100a, manifest says sm_90a",
+        (f"  {e['moe.sm_100a.acc2.f16'].name}: cubin {e['moe.sm_100a.acc2.f16'].cubin} is "
+         "missing"),
+        f"  {target.name}: cubin {target.cubin} is for sm_100a, manifest says sm_90a",
         "  stray file cubins/leftover.cubin (not in the manifest)",
     ])
     # A build repairs it all: bad cubins are recompiled, the stray file is dropped.
-    run(fake, out)
+    report = run(fake, out)
+    assert {r.name for r in report.rows if r.status == "compiled"} == {
+        "dense.sm_100a.acc1.f16", "dense.sm_100a.acc2.f16", "dense.sm_90a.acc1.f16"}
     assert verify_dir(out) == []
 
 
 def test_verify_reports_an_invalid_manifest(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_NAME).write_text('{"schema_version": 9}')
     assert verify_dir(tmp_path) == [
-        (f"{tmp_path / MANIFEST_NAME}: schema_version must be 1, but got 9; rebuild the "
+        (f"{tmp_path / MANIFEST_NAME}: schema_version must be 2, but got 9; rebuild the "
          "artifacts with this version of build_kernels.py")]
 
 
@@ -616,10 +693,10 @@ def test_cli_merge_and_help(fake: Fake, tmp_path: Path) -> None:
 def test_dsl_build_verify_and_reuse(fake: Fake, tmp_path: Path) -> None:
     out = tmp_path / "artifacts"
     report = run(fake, out, module=fake.dsl_module)
-    assert [r.status for r in report.rows] == ["compiled"] * 9
+    assert [r.status for r in report.rows] == STATUSES
     assert verify_dir(out) == []  # includes the ELF arch of every real cubin
     m = load_manifest(out)
-    assert {e.family for e in m.kernels} == {"dsl90", "dsl100"}
+    assert len(m.kernels) == 4 and {e.family for e in m.kernels} == {"dsl90", "dsl100"}
     assert all(e.symbol == "fake_gemm_0" for e in m.kernels)
     assert all(e.cubin_bytes > 1000 for e in m.kernels)
     assert not run(fake, out, module=fake.dsl_module).changed

@@ -30,9 +30,14 @@ from test_build_pipeline import SPEC, _alive, run, siblings
 from builder import atomic
 from builder.verify import verify_dir
 
-# SPEC with two sets changed: 6 of 9 kernels recompile, 3 are reused.
-SPEC2 = SPEC.replace("[192, 3072, 4096]", "[200, 3072, 4096]").replace(
-    "[96, 1024, 512]", "[104, 1024, 512]")
+# SPEC with two sets changed (manifest schema 2: kernels are keyed by config, not shapes):
+# dense gets new shapes and a new sm_100a config (2 kernels compile), moe's sm_90a config
+# becomes dense's (moe's own kernel goes), mixed gets new shapes; 3 kernels are reused.
+SPEC2 = SPEC.replace("    groups: [[192, 3072, 4096]]\n",
+                     "    groups: [[200, 3072, 4096]]\n    options: {sm_100a: {tile_m: 64}}\n"
+                     ).replace("tile_m: 64}}\n  - name: dense", "tile_m: 128}}\n  - name: dense"
+                               ).replace("[96, 1024, 512]", "[104, 1024, 512]")
+assert SPEC2.count("tile_m: 64") == 1 and SPEC2.count("tile_m: 128") == 1
 
 HOOK = '''
 
@@ -328,7 +333,7 @@ def test_second_build_waits_for_the_first_then_reuses(hooked: Fake, tmp_path: Pa
     out2, err2 = second.communicate(timeout=120)
     assert first.returncode == 0, err1
     assert second.returncode == 0, err2
-    assert f"{out}: 9 kernel(s), 0 compiled, 9 reused; already up to date" in out2
+    assert f"{out}: 9 kernel(s), 0 compiled, 0 shared, 9 reused; already up to date" in out2
     assert tree_hash(out) == states["new"]
 
 
@@ -350,7 +355,7 @@ def test_cli_failure_on_one_spec_leaves_the_directory_and_names_it(hooked: Fake,
     assert proc.returncode == 1
     lines = proc.stderr.splitlines()
     head = next(ln for ln in lines if ln.startswith("error: build failed: "))
-    assert head.startswith("error: build failed: 1 of 9 kernels failed")
+    assert head.startswith("error: build failed: 1 of 4 kernels failed")  # 4 to compile
     assert head.endswith(f"; {out} was left unchanged")
     assert ("  mixed.sm_100a.acc1.f16 (set mixed, arch sm_100a, acc stages 1, out float16): WorkerExit: the "
             "sm_100a worker exited with code 17 before reporting this kernel") in lines

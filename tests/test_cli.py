@@ -65,7 +65,7 @@ def test_list_table_shows_serving_symbol_and_resources(art: Path) -> None:
                                 "KiB", "cubin", "KiB", "sha256", "params", "served", "groups"]
     rows = {ln.split()[0]: ln for ln in lines[2:]}
     assert sorted(rows) == KERNELS
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    e = load_manifest(art).entry("tiny.sm_90a.acc1.f16")
     assert rows["tiny.sm_90a.acc1.f16"].split() == [
         "tiny.sm_90a.acc1.f16", "sm_90a", "1", "fake_gemm_0", "128x1x1", "1x1x1", "128.0",
         f"{e.cubin_bytes / 1024:.1f}", e.sha256[:12], "2", "(12", "B)", "2:", "40x128x256,",
@@ -82,7 +82,7 @@ def test_list_json_keeps_its_fields(art: Path) -> None:
 
 def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
     with_tma_param(art)
-    e = load_manifest(art).kernel("tiny.sm_90a.acc1.f16")
+    e = load_manifest(art).entry("tiny.sm_90a.acc1.f16")
     proc = cli("inspect", "tiny.sm_90a.acc1.f16", "--artifacts", str(art))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -100,8 +100,10 @@ def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
                 "run time",
         "cubin": f"{art}/{e.cubin}, {e.cubin_bytes / 1024:.1f} KiB ({e.cubin_bytes} B), "
                  f"sha256 {e.sha256[:12]}",
+        "record": f"kernel {e.kernel.name} (one cubin for every set of its key)",
         "key": e.key,
     }
+    assert e.kernel.name == f"fake90.sm_90a.acc1.f16.{e.key[:12]}"
     assert "launch ABI: 3 parameter(s), 140 bytes" in out
     abi = [ln.split() for ln in out.split("launch ABI")[1].split("\n\n")[0].splitlines()[3:]]
     assert [r[:6] for r in abi] == [["0", "tma_a", "tma_template", "0", "128", "64"],
@@ -113,7 +115,13 @@ def test_inspect_prints_abi_tma_geometry_and_resources(art: Path) -> None:
                               "interleave", "l2", "oob", "fill", "dims", "strides"]
     assert tma[3].split() == ["tma_a", "a", "UINT8", "128x128", "1x1", "128B", "NONE", "256B",
                               "NONE", "4096x1024", "4096"]
-    assert 'problem_sizes  {"dtype": "int32", "shape": ["groups", 4]}' in out
+    tables = out.split("device tables:")[1].splitlines()
+    assert tables[1].split() == ["table", "layout"]
+    assert [ln.split(None, 1) for ln in tables[3:]] == [
+        ["cta_prefix", '{"dtype": "int32"}'],
+        ["pointers", '{"columns": ["a", "b", "sfa", "sfb", "c"], "dtype": "int64"}'],
+        ["problem_sizes", '{"columns": ["m", "n", "k", "l"], "dtype": "int32"}'],
+        ["tensormap_workspace", '{"align": 128, "bytes_per_cta": 512}']]
 
 
 def test_inspect_json_sets_patterns_and_unknown_names(art: Path) -> None:
@@ -121,8 +129,16 @@ def test_inspect_json_sets_patterns_and_unknown_names(art: Path) -> None:
     (entry,) = json.loads(proc.stdout)
     assert entry["name"] == "tiny.sm_90a.acc1.f16" and entry["artifacts"] == str(art)
     assert entry["served"] == "2: 40x128x256, 72x256x512" and entry["param_bytes"] == 12
-    assert [p["name"] for p in entry["params"]] == ["problem_sizes", "num_groups"]
-    assert entry["block"] == [128, 1, 1] and len(entry["sha256"]) == 64
+    # The set record, then the record of the kernel that serves it (manifest schema 2).
+    assert {k: entry[k] for k in ("set", "arch", "acc_stages", "out_dtype", "serves")} == {
+        "set": "tiny", "arch": "sm_90a", "acc_stages": 1, "out_dtype": "float16",
+        "serves": {"groups": [[40, 128, 256], [72, 256, 512]]}}
+    kernel = entry["kernel"]
+    assert kernel["key"] == load_manifest(art).entry("tiny.sm_90a.acc1.f16").key
+    assert kernel["name"] == f"fake90.sm_90a.acc1.f16.{kernel['key'][:12]}"
+    assert [p["name"] for p in kernel["params"]] == ["problem_sizes", "num_groups"]
+    assert kernel["block"] == [128, 1, 1] and len(kernel["sha256"]) == 64
+    assert kernel["limits"] == {"k_multiple": 256} and "constraints" not in kernel
     by_set = json.loads(cli("inspect", "tiny", "--artifacts", str(art), "--json").stdout)
     assert [e["name"] for e in by_set] == ["tiny.sm_100a.acc1.f16", "tiny.sm_90a.acc1.f16"]
     by_glob = json.loads(cli("inspect", "*.sm_90a.*", "--artifacts", str(art), "--json").stdout)

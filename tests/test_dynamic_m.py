@@ -1,8 +1,9 @@
 """Dynamic m (issue 5) and the host fast path, on CPU.
 
-- builder: a `m: dynamic` set becomes build items with (n, k) groups, keys of their own, a
-  placeholder (m, n, k) list for the family's compile_kernel, and the manifest's
-  `constraints.dynamic_m` record (end to end through real worker subprocesses, fake family);
+- builder: a `m: dynamic` set becomes build items with (n, k) groups, served by the kernel of
+  its config (manifest schema 2: an exact set of the same config shares it), a placeholder
+  (m, n, k) list for the family's compile_kernel, and the set record's `serves.dynamic_m`
+  (end to end through real worker subprocesses, fake family);
 - dispatch: the record's parsing, exact-first selection, max_m, m * n < 2^31, messages;
 - api: every m = 0 launches nothing; a repeated validated call takes the fast path, and every
   change that validation would look at sends it back to the full path;
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import Fake
-from test_runtime_cpu import TEMPLATES, entry, fake_cubin, write_artifacts
+from test_runtime_cpu import TEMPLATES, entry, fake_cubin, swap, write_artifacts
 
 import runtime
 from builder.build import build
@@ -35,10 +36,12 @@ from builder.families import load_families
 from builder.plan import DYNAMIC_M_PLACEHOLDER, BuildItem, expand
 from builder.report import served_groups
 from builder.spec import parse_spec_text
+from builder.worker import kernel_limits
 from runtime import api, device_tables
 from runtime.dispatch import KernelIndex, dynamic_groups
+from runtime.entry_rules import check_kernel
 from runtime.errors import InputError, ManifestError, NoKernelError
-from runtime.manifest import load_manifest
+from runtime.manifest import load_manifest, make_manifest, parse_manifest
 from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
 from runtime.plan import make_plan
 from runtime.validate import _fast, blocked_scale_numel
@@ -73,7 +76,7 @@ def items_of(fake: Fake, text: str = SPEC) -> dict[str, BuildItem]:
 # ------------------------------------------------------------------ builder
 
 
-def test_dynamic_items_carry_n_k_groups_and_their_own_keys(fake: Fake) -> None:
+def test_dynamic_items_carry_n_k_groups_and_share_their_config_s_kernel(fake: Fake) -> None:
     items = items_of(fake)
     dyn = items["moe_any_m.sm_90a.acc1.f16"]
     assert (dyn.groups, dyn.dynamic_m, dyn.max_m) == (((4096, 7168), (7168, 2048)), True, 4096)
@@ -87,34 +90,45 @@ def test_dynamic_items_carry_n_k_groups_and_their_own_keys(fake: Fake) -> None:
     assert exact.compile_groups() == [[80, 4096, 7168], [176, 7168, 2048]]
     for it in items.values():  # survives the JSON trip to a worker
         assert BuildItem.from_dict(json.loads(json.dumps(it.to_dict()))) == it
-    # max_m changes what the manifest records, so it is part of the key; the set name is not.
-    assert len({it.key for it in items.values()}) == len(items)
+    # The key is the kernel's: one config, one kernel for the exact and both dynamic sets;
+    # dynamic_m and max_m change only what the set records it serves.
+    for name, it in items.items():
+        same = name.replace("moe_any_m_unbounded.", "moe.").replace("moe_any_m.", "moe.")
+        assert it.key == items[same].key, name
+    assert len({it.key for it in items.values()}) == 3  # sm_90a acc1, sm_100a acc1 and acc2
+    assert dyn.serves().record() == {"dynamic_m": {"groups": [[4096, 7168], [7168, 2048]],
+                                                   "max_m": 4096}}
+    assert free.serves().record() == {"dynamic_m": {"groups": [[4096, 7168], [7168, 2048]],
+                                                    "max_m": None}}
+    assert exact.serves().record() == {"groups": [[80, 4096, 7168], [176, 7168, 2048]]}
     bumped = items_of(fake, SPEC.replace("max_m: 4096", "max_m: 2048"))
-    assert {n for n in items if bumped[n].key != items[n].key} == {
-        "moe_any_m.sm_90a.acc1.f16", "moe_any_m.sm_100a.acc1.f16", "moe_any_m.sm_100a.acc2.f16"}
+    assert {n: it.key for n, it in bumped.items()} == {n: it.key for n, it in items.items()}
+    assert bumped["moe_any_m.sm_90a.acc1.f16"].serves().max_m == 2048
     # An old job file (no dynamic fields) still reads as an exact item.
     d = exact.to_dict()
     del d["dynamic_m"], d["max_m"]
     assert BuildItem.from_dict(d) == exact
 
 
-def test_recorded_constraints_rewrite_only_dynamic_items(fake: Fake) -> None:
+def test_kernel_limits_come_from_the_family_s_constraints_and_nothing_else(fake: Fake) -> None:
+    """The worker keeps the family's per-group limits for the kernel record; the groups it gave
+    the family must come back unchanged, and no other key may ride along (the builder writes
+    what each set serves)."""
     items = items_of(fake)
     exact, dyn = items["moe.sm_90a.acc1.f16"], items["moe_any_m.sm_90a.acc1.f16"]
     family = {"groups": dyn.compile_groups(), "k_multiple": 256, "n_multiple": 8}
-    assert exact.recorded_constraints({"groups": [[1, 2, 3]]}) == {"groups": [[1, 2, 3]]}
-    assert dyn.recorded_constraints(family) == {
-        "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": 4096},
-        "k_multiple": 256, "n_multiple": 8}
+    assert kernel_limits(dyn, family) == {"k_multiple": 256, "n_multiple": 8}
+    assert kernel_limits(exact, {"groups": exact.compile_groups()}) == {}
     with pytest.raises(BuildError) as info:
-        dyn.recorded_constraints({"groups": [[128, 4096, 7168]], "k_multiple": 256})
+        kernel_limits(dyn, {"groups": [[128, 4096, 7168]], "k_multiple": 256})
     assert str(info.value) == (
-        "moe_any_m.sm_90a.acc1.f16: a dynamic-m set needs a family whose compile_kernel records the "
-        "groups it was given as constraints.groups ([[4096, 4096, 7168], [4096, 7168, 2048]]), "
-        "but it recorded [[128, 4096, 7168]]")
-    with pytest.raises(BuildError, match=r"^moe_any_m.sm_90a.acc1.f16: the family already recorded "
-                                         r"constraints.dynamic_m = True; the builder owns"):
-        dyn.recorded_constraints({**family, "dynamic_m": True})
+        "moe_any_m.sm_90a.acc1.f16: compile_kernel must record the groups it was given as "
+        "constraints.groups ([[4096, 4096, 7168], [4096, 7168, 2048]]), but it recorded "
+        "[[128, 4096, 7168]]")
+    with pytest.raises(BuildError) as info:
+        kernel_limits(dyn, {**family, "dynamic_m": True})
+    assert str(info.value) == ("moe_any_m.sm_90a.acc1.f16: constraints may hold groups and "
+                               "['k_multiple', 'n_multiple'] only, but got ['dynamic_m']")
 
 
 def test_pipeline_builds_a_dynamic_set_the_runtime_serves(fake: Fake, tmp_path: Path) -> None:
@@ -122,15 +136,23 @@ def test_pipeline_builds_a_dynamic_set_the_runtime_serves(fake: Fake, tmp_path: 
     items = expand(parse_spec_text(SPEC, "shapes.yaml", fams), fams)
     out = tmp_path / "artifacts"
     build(items, out, fams, jobs=2)
-    kernels = {e.name: e for e in load_manifest(out).kernels}
+    m = load_manifest(out)
+    assert len(m.sets) == 9 and len(m.kernels) == 3  # one kernel per arch and acc stages
+    kernels = {e.name: e for e in m.sets}
+    assert kernels["moe_any_m.sm_90a.acc1.f16"].kernel == kernels["moe.sm_90a.acc1.f16"].kernel
+    assert kernels["moe_any_m.sm_90a.acc1.f16"].serves.record() == {
+        "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": 4096}}
     assert kernels["moe_any_m.sm_90a.acc1.f16"].constraints == {
         "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": 4096}, "k_multiple": 256}
     assert kernels["moe_any_m_unbounded.sm_100a.acc2.f16"].constraints == {
         "dynamic_m": {"groups": [[4096, 7168], [7168, 2048]], "max_m": None}, "k_multiple": 256}
     assert kernels["moe.sm_90a.acc1.f16"].constraints == {
         "groups": [[80, 4096, 7168], [176, 7168, 2048]], "k_multiple": 256}
-    # The workers handed the family the placeholder rows (compile log written by the workers).
-    assert "fake90 sm_90a acc1 [[4096, 4096, 7168], [4096, 7168, 2048]]" in fake.compiles()
+    # Each kernel compiled once, with the rows of the first set (by name) it serves: moe's.
+    assert sorted(fake.compiles()) == [
+        "fake100 sm_100a acc1 [[80, 4096, 7168], [176, 7168, 2048]]",
+        "fake100 sm_100a acc2 [[80, 4096, 7168], [176, 7168, 2048]]",
+        "fake90 sm_90a acc1 [[80, 4096, 7168], [176, 7168, 2048]]"]
     index = runtime.load(out).index
     assert index.select(((80, 4096, 7168), (176, 7168, 2048)), "sm_90a").name == "moe.sm_90a.acc1.f16"
     for ms in ((0, 0), (0, 5), (81, 4096), (4096, 1)):
@@ -171,31 +193,34 @@ def test_dispatch_reads_the_dynamic_m_record() -> None:
     assert dynamic_groups(entry()[0]) is None
 
 
-@pytest.mark.parametrize("constraints,message", [
-    ({"dynamic_m": True, "groups": NK},
-     "constraints.dynamic_m must be an object {\"groups\": [[n, k], ...], \"max_m\": int or "
-     "null}, but got True"),
+_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
+_CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
+
+
+@pytest.mark.parametrize("serves,message", [
+    ({"dynamic_m": True}, f"m.sets[0].serves.dynamic_m must be an object {_FORM}, but got True"),
     ({"dynamic_m": {"max_m": 4}},
-     "constraints.dynamic_m must be an object {\"groups\": [[n, k], ...], \"max_m\": int or "
-     "null}, but got {'max_m': 4}"),
+     f"m.sets[0].serves.dynamic_m must be an object {_FORM}, but got {{'max_m': 4}}"),
     ({"dynamic_m": {"groups": NK, "max_m": None}, "groups": [[1, 4096, 7168]]},
-     "constraints must have either groups (exact shapes) or dynamic_m, not both"),
+     "m.sets[0].serves must have either groups (exact shapes) or dynamic_m, not both"),
     ({"dynamic_m": {"groups": [], "max_m": None}},
-     "constraints.dynamic_m.groups must be a non-empty list, but got []"),
+     "m.sets[0].serves.dynamic_m.groups must be a non-empty list, but got []"),
     ({"dynamic_m": {"groups": [[1, 4096, 7168]], "max_m": None}},
-     "constraints.dynamic_m.groups[0] must be a list of 2 ints, but got [1, 4096, 7168]"),
+     "m.sets[0].serves.dynamic_m.groups[0] must be a list of 2 ints, but got [1, 4096, 7168]"),
     ({"dynamic_m": {"groups": [[4096, 0]], "max_m": None}},
-     "constraints.dynamic_m.groups[0] must have n, k > 0, but got [4096, 0]"),
+     f"{_CHECKED}.groups[0] must have n, k > 0, but got [4096, 0]"),
     ({"dynamic_m": {"groups": NK, "max_m": 0}},
-     "constraints.dynamic_m.max_m must be a positive int or null, but got 0"),
+     f"{_CHECKED}.max_m must be a positive int below 2^31 or null, but got 0"),
     ({"dynamic_m": {"groups": NK, "max_m": True}},
-     "constraints.dynamic_m.max_m must be a positive int or null, but got True"),
+     "m.sets[0].serves.dynamic_m.max_m must be a positive int or null, but got True"),
 ])
-def test_dispatch_rejects_malformed_dynamic_m(constraints: dict, message: str) -> None:
-    e, _ = entry("bad.sm_90a.acc1.f16", constraints=constraints)
+def test_manifest_rejects_malformed_dynamic_m(serves: dict, message: str) -> None:
+    """The set record's serves is checked once, at parse (load, verify, package, reuse)."""
+    obj = json.loads(make_manifest([dyn_entry("bad.sm_90a.acc1.f16")], "t", "d").to_json())
+    obj["sets"][0]["serves"] = serves
     with pytest.raises(ManifestError) as info:
-        KernelIndex([e])
-    assert str(info.value) == f"kernel 'bad.sm_90a.acc1.f16': {message}"
+        parse_manifest(obj, "m")
+    assert str(info.value) == message
 
 
 def test_dispatch_serves_any_m_exact_first() -> None:
@@ -774,7 +799,7 @@ def staged_params():
 def staged_entry():
     e, _ = entry(groups=[[192, 3072, 4096], [320, 3072, 4096]], params=staged_params())
     assert [p.offset for p in e.params if p.name == "grid_barrier"] == [BARRIER_AT]
-    return dataclasses.replace(e, tables={**e.tables, "tensormap_workspace": STAGED_WS})
+    return swap(e, tables={**e.tables.record(), "tensormap_workspace": STAGED_WS})
 
 
 def test_plan_sizes_header_slots_and_staged_a() -> None:
@@ -787,33 +812,37 @@ def test_plan_sizes_header_slots_and_staged_a() -> None:
     assert (q.workspace_header, q.workspace_bytes) == (0, q.grid * 512)
 
 
+_REBUILD = "; rebuild the artifacts with `python build_kernels.py build --force`"
+
+
 @pytest.mark.parametrize("key, value, why", [
-    ("header_bytes", 100, "must be a multiple of 128, but got 100"),
-    ("header_bytes", -128, "must be a non-negative int, but got -128"),
-    ("bytes_per_a_element", True, "must be a non-negative int, but got True"),
+    ("header_bytes", 100, "must be a multiple of 128, but got 100" + _REBUILD),
+    ("header_bytes", -128, "must be a non-negative int, but got -128" + _REBUILD),
+    ("bytes_per_a_element", True, "must be int, but got bool"),
 ])
-def test_plan_rejects_bad_workspace_record(key, value, why) -> None:
+def test_manifest_rejects_bad_workspace_record(key, value, why) -> None:
+    """The workspace record is checked at parse, before any plan reads it."""
     e = staged_entry()
-    e = dataclasses.replace(e, tables={**e.tables,
-                                       "tensormap_workspace": {**STAGED_WS, key: value}})
-    with pytest.raises(runtime.ManifestError,
-                       match=rf"tables\.tensormap_workspace\.{key} {why}$"):
-        make_plan(e, ((192, 3072, 4096), (320, 3072, 4096)), 132)
+    obj = json.loads(make_manifest([e], "t", "d").to_json())
+    obj["kernels"][0]["tables"]["tensormap_workspace"][key] = value
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(obj, "m")
+    where = ("m.kernels[0]." if isinstance(value, bool) else f"kernel {e.kernel.name!r}: ")
+    assert str(info.value) == f"{where}tables.tensormap_workspace.{key} {why}"
 
 
-def test_plan_rejects_a_header_without_a_barrier_parameter_and_the_reverse() -> None:
-    shapes = ((192, 3072, 4096), (320, 3072, 4096))
-    no_param = dataclasses.replace(staged_entry(), params=entry()[0].params)
-    with pytest.raises(runtime.ManifestError) as info:
-        make_plan(no_param, shapes, 132)
+def test_kernel_check_rejects_a_header_without_a_barrier_parameter_and_the_reverse() -> None:
+    no_param = swap(staged_entry(), params=entry()[0].params).kernel
+    with pytest.raises(ManifestError) as info:
+        check_kernel(no_param)
     assert str(info.value) == (
-        "kernel 'dense.sm_90a.acc1.f16': tables.tensormap_workspace.header_bytes is 128 but the "
+        f"kernel {no_param.name!r}: tables.tensormap_workspace.header_bytes is 128 but the "
         "kernel has no grid_barrier parameter; a zeroed header and a grid_barrier parameter "
         "come together")
-    no_header = dataclasses.replace(staged_entry(), tables=entry()[0].tables)
-    with pytest.raises(runtime.ManifestError, match=r"header_bytes is 0 but the kernel has "
-                                                    r"grid_barrier parameter"):
-        make_plan(no_header, shapes, 132)
+    no_header = swap(staged_entry(), tables=entry()[0].tables).kernel
+    with pytest.raises(ManifestError, match=r"header_bytes is 0 but the kernel has "
+                                            r"grid_barrier parameter"):
+        check_kernel(no_header)
 
 
 def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:

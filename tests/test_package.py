@@ -88,6 +88,7 @@ def test_wheel_layout_metadata_and_record(art: Path, tmp_path: Path) -> None:
     info = "nvfp4_artifacts_tiny_moe-1.2.3.dist-info"
     mod = "nvfp4_artifacts_tiny_moe"
     manifest = load_manifest(art)
+    assert len(manifest.kernels) == 2  # one sm_90a and one sm_100a kernel serve both sets
     expected = {f"{mod}/__init__.py", f"{mod}/package.json", f"{mod}/artifacts/manifest.json",
                 *(f"{mod}/artifacts/{e.cubin}" for e in manifest.kernels),
                 *(f"{info}/{f}" for f in ("METADATA", "WHEEL", "entry_points.txt",
@@ -152,9 +153,13 @@ def test_arch_filter_packages_a_consistent_subset(art: Path, tmp_path: Path) -> 
     site = unpack(r.wheel, tmp_path / "site")
     d = site / "nvfp4_artifacts_hopper" / "artifacts"
     m = load_manifest(d)
-    assert [e.name for e in m.kernels] == list(r.kernels)
-    assert sorted(p.name for p in (d / "cubins").iterdir()) == sorted(
-        Path(e.cubin).name for e in m.kernels)
+    assert [e.name for e in m.sets] == list(r.kernels)
+    # tiny and dense share one sm_90a kernel (one config): the wheel holds its cubin once,
+    # and no sm_100a kernel record.
+    (kernel,) = m.kernels
+    assert kernel.arch == "sm_90a" and [e.kernel for e in m.sets] == [kernel, kernel]
+    assert kernel == load_manifest(art).entry("tiny.sm_90a.acc1.f16").kernel
+    assert sorted(p.name for p in (d / "cubins").iterdir()) == [Path(kernel.cubin).name]
     with pytest.raises(PackageUsageError, match=r"--arch must be one of"):
         build_wheel(art, tmp_path / "dist", archs=["sm_80"])
 
@@ -213,12 +218,14 @@ def test_discovery_resolve_and_errors(art: Path, tmp_path: Path) -> None:
     assert load_manifest(resolve("pkg:dense", path=path)).kernels[0].arch == "sm_90a"
 
 
-def test_schema_lock_refuses_a_package_for_another_schema(art: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("other", [SCHEMA_VERSION + 1, 1], ids=["newer", "schema1"])
+def test_schema_lock_refuses_a_package_for_another_schema(art: Path, tmp_path: Path,
+                                                          other: int) -> None:
     site = unpack(build_wheel(art, tmp_path / "dist", name="old").wheel, tmp_path / "site")
     unpack(build_wheel(art, tmp_path / "dist", name="new").wheel, site)
     info = site / "nvfp4_artifacts_old" / "package.json"
     data = json.loads(info.read_text())
-    info.write_text(json.dumps({**data, "schema_version": SCHEMA_VERSION + 1}))
+    info.write_text(json.dumps({**data, "schema_version": other}))
     path = [str(site)]
     old = next(p for p in installed(path) if p.name == "old")
     assert not old.usable
@@ -226,7 +233,7 @@ def test_schema_lock_refuses_a_package_for_another_schema(art: Path, tmp_path: P
         resolve("pkg:old", path=path)
     assert str(exc.value) == (
         f"artifact package old (nvfp4-artifacts-old {data['version']}) cannot be used: it was "
-        f"built for manifest schema {SCHEMA_VERSION + 1}, but this runtime reads schema "
+        f"built for manifest schema {other}, but this runtime reads schema "
         f"{SCHEMA_VERSION}; install an artifact package built by this version of "
         "nvfp4-grouped-gemm (rebuild and repackage: `python build_kernels.py build` then "
         "`python build_kernels.py package artifacts --name old`)")

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,12 +28,24 @@ from runtime.errors import ArtifactError, InputError, ManifestError, NoKernelErr
 from runtime.loader import ArtifactStore, check_param_layout, cubin_arch
 from runtime.manifest import (
     SCHEMA_VERSION,
+    Grid,
+    Kernel,
     KernelEntry,
+    Limits,
     Manifest,
     Param,
+    Serves,
+    TableFormat,
+    Tables,
+    Tile,
     TmaGeometry,
+    Workspace,
+    kernel_record_name,
+    make_manifest,
     pack_offsets,
+    parse_manifest,
 )
+from runtime.entry_rules import check_kernel
 from runtime.params import pack_params
 from runtime.plan import cta_prefix, grid_size, make_plan, pointer_table_bytes
 from runtime.validate import (
@@ -102,28 +115,74 @@ def sm100_params() -> tuple[Param, ...]:
                    + [_tma(op) for op in ("a", "b", "sfa", "sfb")] + _tables())
 
 
+_ENTRY_FIELDS = {"name", "set", "arch", "acc_stages", "out_dtype", "serves"}
+
+
+def _typed(field: str, value: Any) -> Any:
+    """Schema-1 style test overrides (dicts) as the typed records of schema 2."""
+    if field == "grid" and isinstance(value, dict):
+        return Grid(**value)
+    if field == "tile" and isinstance(value, dict):
+        return Tile(**value)
+    if field == "tables" and isinstance(value, dict):
+        return tables_of(value)
+    return value
+
+
+def tables_of(d: dict) -> Tables:
+    fmt = {k: TableFormat(dtype=v["dtype"], columns=tuple(v.get("columns", ())))
+           for k, v in d.items() if k != "tensormap_workspace"}
+    return Tables(**fmt, tensormap_workspace=Workspace(**d["tensormap_workspace"]))
+
+
+def serves_of(constraints: dict) -> tuple[Serves, Limits]:
+    """A schema-1 `constraints` dict as (serves, limits)."""
+    c = dict(constraints)
+    dyn = c.pop("dynamic_m", None)
+    groups = c.pop("groups", None)
+    serves = (Serves(tuple(tuple(g) for g in dyn["groups"]), True, dyn.get("max_m"))
+              if dyn is not None else Serves(tuple(tuple(g) for g in groups)))
+    return serves, Limits(**c)
+
+
 def entry(name: str = "dense.sm_90a.acc1.f16", *, set_: str = "dense", arch: str = "sm_90a",
           groups: list | None = None, params: tuple[Param, ...] | None = None,
           cubin: bytes | None = None, **over) -> tuple[KernelEntry, bytes]:
+    """A set entry and its kernel's cubin; `over` may name entry fields, kernel fields (a
+    dict for grid / tile / tables) or `constraints` (the schema-1 dict: serves and limits)."""
     image = cubin if cubin is not None else fake_cubin(arch, name.encode())
-    e = KernelEntry(
-        name=name, key="k" * 16, set=set_, arch=arch, family=arch[:-1].replace("_", ""),
-        acc_stages=1, symbol=f"{set_}_0", cubin=f"cubins/{name}.cubin",
-        sha256=hashlib.sha256(image).hexdigest(), cubin_bytes=len(image),
-        block=(384, 1, 1), cluster=(1, 1, 1), dynamic_smem=200 * 1024, sm_count=None,
-        grid={"policy": "persistent", "ctas_per_sm": 1}, tile={"m": 128, "n": 128, "k": 256},
-        constraints={"groups": groups or [[192, 3072, 4096], [320, 3072, 4096]]},
-        tables=TABLES, params=params if params is not None else sm90_params(),
+    serves, limits = serves_of(over.pop("constraints", None)
+                               or {"groups": groups or [[192, 3072, 4096], [320, 3072, 4096]]})
+    family = arch[:-1].replace("_", "")
+    key = hashlib.sha256(name.encode()).hexdigest()
+    k = Kernel(
+        key=key, name=kernel_record_name(family, arch, 1, over.get("out_dtype", "float16"), key),
+        family=family, arch=arch, acc_stages=over.get("acc_stages", 1),
+        out_dtype=over.get("out_dtype", "float16"), options={}, symbol=f"{set_}_0",
+        cubin=f"cubins/{name}.cubin", sha256=hashlib.sha256(image).hexdigest(),
+        cubin_bytes=len(image), block=(384, 1, 1), cluster=(1, 1, 1), dynamic_smem=200 * 1024,
+        sm_count=None, grid=Grid("persistent", 1), tile=Tile(128, 128, 256),
+        tables=tables_of(TABLES), limits=limits,
+        params=params if params is not None else sm90_params(),
     )
-    return dataclasses.replace(e, **over), image
+    k = dataclasses.replace(k, **{f: _typed(f, v) for f, v in over.items()
+                                  if f not in _ENTRY_FIELDS})
+    e = KernelEntry(name=name, set=set_, arch=arch, acc_stages=k.acc_stages,
+                    out_dtype=k.out_dtype, serves=serves, kernel=k)
+    return dataclasses.replace(e, **{f: v for f, v in over.items() if f in _ENTRY_FIELDS}), image
+
+
+def swap(e: KernelEntry, **kernel_fields: Any) -> KernelEntry:
+    """`e` served by a copy of its kernel with these fields replaced."""
+    return dataclasses.replace(e, kernel=dataclasses.replace(
+        e.kernel, **{f: _typed(f, v) for f, v in kernel_fields.items()}))
 
 
 def write_artifacts(root: Path, entries: list[tuple[KernelEntry, bytes]]) -> Path:
     (root / "cubins").mkdir(parents=True, exist_ok=True)
     for e, image in entries:
         (root / e.cubin).write_bytes(image)
-    manifest = Manifest(schema_version=SCHEMA_VERSION, builder_version="test",
-                        dsl_version="4.8.1", kernels=tuple(e for e, _ in entries))
+    manifest = make_manifest([e for e, _ in entries], "test", "4.8.1")
     (root / "manifest.json").write_text(manifest.to_json())
     return root
 
@@ -160,7 +219,7 @@ def test_wrong_schema_version(tmp_path: Path) -> None:
     with pytest.raises(ManifestError) as exc:
         ArtifactStore(tmp_path)
     assert str(exc.value) == (
-        f"{tmp_path / 'manifest.json'}: schema_version must be 1, but got 99; rebuild the "
+        f"{tmp_path / 'manifest.json'}: schema_version must be 2, but got 99; rebuild the "
         "artifacts with this version of build_kernels.py")
 
 
@@ -271,7 +330,7 @@ def test_param_layout_accepts_the_h200_parameter_base() -> None:
                (576, 8), (584, 8)]
     check_param_layout(e100, shifted)
     # A manifest whose offsets are not its own (size, align) packing is rejected first.
-    tampered = dataclasses.replace(e, params=params[:-1] + (
+    tampered = swap(e, params=params[:-1] + (
         dataclasses.replace(params[-1], offset=164),))
     with pytest.raises(ArtifactError, match=r"parameter 5 'num_groups' must be at offset 160 "
                                             r"\(its size and alignment after the previous "
@@ -341,11 +400,13 @@ def test_dispatch_prefers_exact_then_dynamic_m() -> None:
         index.select(((8, 7168, 2048),) * 2, "sm_90a")  # group count differs
 
 
-def test_dispatch_rejects_malformed_constraints() -> None:
-    e, _ = entry(constraints={"groups": [[1, 2]]})
-    with pytest.raises(ManifestError, match=r"constraints.groups\[0\] must be a list of 3 ints, "
-                                            r"but got \[1, 2\]"):
-        KernelIndex([e])
+def test_load_rejects_malformed_served_shapes() -> None:
+    e, _ = entry()
+    record = json.loads(make_manifest([e], "t", "t").to_json())
+    record["sets"][0]["serves"]["groups"] = [[1, 2]]
+    with pytest.raises(ManifestError, match=r"manifest.sets\[0\].serves.groups\[0\] must be a "
+                                            r"list of 3 ints, but got \[1, 2\]"):
+        parse_manifest(record)
 
 
 # ------------------------------------------------------------------ plan
@@ -375,7 +436,7 @@ def test_plan_tables_grid_and_workspace() -> None:
     assert plan.plan_tables[256:] == struct.pack("<2f", 1.0, 1.0)
     big = make_plan(e, _shapes(MOE_DOWN), sm_count=132)
     assert big.total_tiles == 224 and big.grid == 132 and big.workspace_bytes == 132 * 512
-    two = make_plan(dataclasses.replace(e, grid={"policy": "persistent", "ctas_per_sm": 2}),
+    two = make_plan(swap(e, grid={"policy": "persistent", "ctas_per_sm": 2}),
                     _shapes(MOE_DOWN), sm_count=100)
     assert two.grid == 200
 
@@ -400,22 +461,24 @@ def test_plan_rounds_grid_to_whole_clusters() -> None:
     e, _ = entry(cluster=(2, 1, 1))
     assert grid_size(e, 7, 132) == 8
     assert grid_size(e, 1000, 132) == 132
-    with pytest.raises(ManifestError, match=r"needs cluster \(x, 1, 1\), but got \(1, 2, 1\)"):
-        grid_size(dataclasses.replace(e, cluster=(1, 2, 1)), 7, 132)
+    with pytest.raises(ManifestError, match=r"cluster must be \(x, 1, 1\) \(a persistent 1-D "
+                                            r"grid\), but got \[1, 2, 1\]"):
+        check_kernel(swap(e, cluster=(1, 2, 1)).kernel)
 
 
 def test_plan_every_sm_grid_ignores_the_tile_count() -> None:
     """Stream-K kernels split K over every CTA: 80 tiles still launch 132 CTAs."""
     e, _ = entry()
-    sk = dataclasses.replace(e, grid={**e.grid, "every_sm": True})
+    sk = swap(e, grid={**e.grid.record(), "every_sm": True})
     assert grid_size(e, 80, 132) == 80
     assert grid_size(sk, 80, 132) == 132
     assert grid_size(sk, 1000, 132) == 132
     assert grid_size(sk, 0, 132) == 0  # nothing to compute: no launch
-    with pytest.raises(ManifestError) as exc:
-        grid_size(dataclasses.replace(e, grid={**e.grid, "every_sm": 1}), 80, 132)
-    assert str(exc.value) == ("kernel 'dense.sm_90a.acc1.f16': grid.every_sm must be true or "
-                              "false, but got 1")
+    record = json.loads(make_manifest([e], "t", "t").to_json())
+    record["kernels"][0]["grid"]["every_sm"] = 1
+    with pytest.raises(ManifestError, match=r"manifest.kernels\[0\].grid.every_sm must be bool, "
+                                            r"but got int"):
+        parse_manifest(record)
 
 
 def test_plan_checks_baked_sm_count_and_policy() -> None:
@@ -425,10 +488,10 @@ def test_plan_checks_baked_sm_count_and_policy() -> None:
     assert str(exc.value) == ("kernel 'dense.sm_90a.acc1.f16' was built for 148 SMs (baked into the "
                               "cubin), but the device has 132; rebuild it for this device")
     assert make_plan(e, _shapes(DENSE_A), sm_count=148).grid == 120
-    bad, _ = entry(grid={"policy": "one_cta_per_tile"})
+    bad, _ = entry(grid={"policy": "one_cta_per_tile", "ctas_per_sm": 1})
     with pytest.raises(ManifestError, match="grid.policy must be 'persistent', but got "
                                             "'one_cta_per_tile'"):
-        make_plan(bad, _shapes(DENSE_A), sm_count=132)
+        check_kernel(bad.kernel)  # at load, before any plan
 
 
 # ------------------------------------------------------------------ parameter packing
@@ -759,3 +822,26 @@ def test_runtime_sources_do_not_import_build_time_packages() -> None:
         for banned in ("import cutlass", "from cutlass", "import kernels", "from kernels",
                        "import builder", "from builder"):
             assert banned not in text, f"{path.name} contains {banned!r}"
+
+
+def test_schema1_artifacts_get_an_error_naming_the_schema(tmp_path: Path) -> None:
+    """A directory built before manifest schema 2 (issue 25) is refused with the fix."""
+    (tmp_path / "manifest.json").write_text(json.dumps(
+        {"schema_version": 1, "builder_version": "2", "dsl_version": "4.3", "kernels": []}))
+    with pytest.raises(ManifestError) as exc:
+        ArtifactStore(tmp_path)
+    assert str(exc.value) == (
+        f"{tmp_path / 'manifest.json'}: schema_version must be 2, but got 1 (schema 1 gave every "
+        "set its own cubin; schema 2 shares one per distinct kernel); rebuild the artifacts with "
+        "this version of build_kernels.py")
+
+
+def test_sets_share_one_kernel_record(tmp_path: Path) -> None:
+    a, image = entry("a.sm_90a.acc1.f16", set_="a")
+    b = dataclasses.replace(a, name="b.sm_90a.acc1.f16", set="b",
+                            serves=Serves(((64, 3072, 4096),)))
+    store = ArtifactStore(write_artifacts(tmp_path, [(a, image), (b, image)]))
+    assert len(store.manifest.kernels) == 1 and len(store.kernels) == 2
+    assert store.kernels[0].kernel is store.kernels[1].kernel
+    index = KernelIndex(store.kernels)
+    assert index.select(((64, 3072, 4096),), "sm_90a").name == "b.sm_90a.acc1.f16"

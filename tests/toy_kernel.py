@@ -155,18 +155,24 @@ def build(out_dir: str) -> Path:
     (symbol,) = list(compiled.kernel_info.keys())
     (out / "cubins" / "toy.cubin").write_bytes(cubin)
     digest = hashlib.sha256(cubin).hexdigest()
+    key = digest  # one kernel serves every toy set (manifest schema 2)
     kernels = [{
-        "name": f"{name}.sm_90a.acc1.f16", "key": digest[:16], "set": name, "arch": "sm_90a",
-        "family": "toy", "acc_stages": 1, "symbol": symbol, "cubin": "cubins/toy.cubin",
+        "key": key, "name": f"toy.sm_90a.acc1.f16.{key[:12]}", "arch": "sm_90a",
+        "family": "toy", "acc_stages": 1, "out_dtype": "float16", "options": {},
+        "symbol": symbol, "cubin": "cubins/toy.cubin",
         "sha256": digest, "cubin_bytes": len(cubin), "block": [THREADS, 1, 1],
         "cluster": [1, 1, 1], "dynamic_smem": 0, "sm_count": None,
         "grid": {"policy": "persistent", "ctas_per_sm": 1},
-        "tile": {"m": TILE, "n": TILE, "k": 256}, "constraints": constraints,
-        "tables": tables.tables_record(1), "params": toy.abi.params(), "out_dtype": "float16",
-    } for name, constraints in SETS.items()]
+        "tile": {"m": TILE, "n": TILE, "k": 256}, "limits": {},
+        "tables": tables.tables_record(1), "params": toy.abi.params(),
+    }]
+    sets = [{"name": f"{name}.sm_90a.acc1.f16", "set": name, "arch": "sm_90a", "acc_stages": 1,
+             "out_dtype": "float16", "kernel": key,
+             "serves": {k: v for k, v in constraints.items()
+                        if k in ("groups", "dynamic_m")}} for name, constraints in SETS.items()]
     manifest = {"schema_version": SCHEMA_VERSION, "builder_version": "toy",
                 "dsl_version": cutlass.__version__ if hasattr(cutlass, "__version__") else "",
-                "kernels": kernels}
+                "kernels": kernels, "sets": sets}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return out
 
