@@ -1,10 +1,10 @@
 """Build and merge: plan -> reuse -> compile in workers -> assemble -> verify -> swap in.
 
 Under the directory lock: read the previous manifest, reuse every item whose key has a kernel
-with an intact cubin, compile each other distinct kernel once in worker subprocesses, assemble the new directory next
-to the target, verify it and swap it in. If nothing needs compiling and the manifest would be
-byte-identical, nothing is written and no worker (no `import cutlass`) is started: a no-op run
-costs a YAML parse, a source fingerprint and a sha256 per cubin.
+with an intact cubin, compile each other distinct kernel once in worker subprocesses, assemble
+the new directory next to the target, verify it and swap it in. If nothing needs compiling and
+the manifest would be byte-identical, nothing is written and no worker (no `import cutlass`) is
+started: a no-op run costs a YAML parse, a source fingerprint and a sha256 per cubin.
 """
 
 from __future__ import annotations

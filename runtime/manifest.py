@@ -64,7 +64,8 @@ def kernel_record_name(family: str, arch: str, acc_stages: int, out_dtype: str, 
 
 
 _DYNAMIC_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
-TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B", "16U4_ALIGN16B")
+TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B",
+              "16U4_ALIGN16B")
 TMA_SWIZZLES = ("NONE", "32B", "64B", "128B")
 TMA_L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("NONE", "NAN_REQUEST_ZERO_FMA")
@@ -370,16 +371,19 @@ class _Reader:
     def choice(self, key: str, choices: tuple[str, ...], *, optional: bool = False) -> str | None:
         value = self.get(key, str, optional=optional)
         if value is not None and value not in choices:
-            raise ManifestError(f"{self.path}.{key} must be one of {list(choices)}, but got {value!r}")
+            raise ManifestError(f"{self.path}.{key} must be one of {list(choices)}, but got "
+                                f"{value!r}")
         return value
 
     def ints(self, key: str, length: int | None = None) -> tuple[int, ...]:
         value = self.get(key, list)
         if length is not None and len(value) != length:
-            raise ManifestError(f"{self.path}.{key} must have {length} entries, but has {len(value)}")
+            raise ManifestError(f"{self.path}.{key} must have {length} entries, but has "
+                                f"{len(value)}")
         for i, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise ManifestError(f"{self.path}.{key}[{i}] must be int, but got {type(v).__name__}")
+                raise ManifestError(f"{self.path}.{key}[{i}] must be int, but got "
+                                    f"{type(v).__name__}")
         return tuple(value)
 
     def sub(self, key: str) -> _Reader:
@@ -431,7 +435,8 @@ def _parse_param(r: _Reader) -> Param:
     )
     if p.size <= 0 or p.align not in (1, 2, 4, 8, 16, 32, 64, 128) or p.offset % p.align:
         raise ManifestError(
-            f"{r.path}: offset {p.offset}, size {p.size}, align {p.align} is not a valid parameter slot"
+            f"{r.path}: offset {p.offset}, size {p.size}, align {p.align} is not a valid "
+            "parameter slot"
         )
     expected = {"table": (8, 8), "tma_template": (128, 64), "scalar": (4, 4)}.get(kind)
     if expected and (p.size, p.align) != expected:
@@ -502,7 +507,8 @@ def _parse_kernel(r: _Reader) -> Kernel:
     for i in range(1, len(params)):
         prev = params[i - 1]
         if params[i].offset < prev.offset + prev.size:
-            raise ManifestError(f"{r.path}.params[{i}] ({params[i].name}) overlaps the previous one")
+            raise ManifestError(f"{r.path}.params[{i}] ({params[i].name}) overlaps the "
+                                "previous one")
     tile, limits = r.sub("tile"), r.sub("limits")
     k = Kernel(
         key=r.get("key", str),
@@ -549,7 +555,8 @@ def _parse_entry(r: _Reader, kernels: dict[str, Kernel]) -> KernelEntry:
         raise ManifestError(f"{r.path}.kernel must be the key of a kernel in the manifest, but "
                             f"got {key!r}")
     e = KernelEntry(name=r.get("name", str), set=r.get("set", str), arch=r.choice("arch", ARCHS),
-                    acc_stages=r.get("acc_stages", int), out_dtype=r.choice("out_dtype", OUT_DTYPES),
+                    acc_stages=r.get("acc_stages", int),
+                    out_dtype=r.choice("out_dtype", OUT_DTYPES),
                     serves=_parse_serves(r.sub("serves")), kernel=kernels[key])
     k = e.kernel
     for field_name in ("arch", "acc_stages", "out_dtype"):

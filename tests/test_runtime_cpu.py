@@ -24,15 +24,14 @@ import pytest
 import torch
 
 from runtime.dispatch import KernelIndex, arch_for_capability
+from runtime.entry_rules import check_kernel
 from runtime.errors import ArtifactError, InputError, ManifestError, NoKernelError
 from runtime.loader import ArtifactStore, check_param_layout, cubin_arch
 from runtime.manifest import (
-    SCHEMA_VERSION,
     Grid,
     Kernel,
     KernelEntry,
     Limits,
-    Manifest,
     Param,
     Serves,
     TableFormat,
@@ -45,7 +44,6 @@ from runtime.manifest import (
     pack_offsets,
     parse_manifest,
 )
-from runtime.entry_rules import check_kernel
 from runtime.params import pack_params
 from runtime.plan import cta_prefix, grid_size, make_plan, pointer_table_bytes
 from runtime.validate import (
