@@ -19,6 +19,9 @@
 #   SANITIZE_SEEDS    gpu_checks --seeds (default: 1)
 #   SANITIZE_FILTER   "all" instruments every kernel instead of ours only
 #   SANITIZE_PYTEST   a pytest target to run under each tool as well, e.g. tests/test_oob_gpu.py
+#   SANITIZE_SERVING  a kernel name: also run scripts/serving_check.py on it (the serving API,
+#                     bad offs included: issue 28's "no out-of-bounds access whatever the offsets");
+#                     name it among the KERNEL arguments too, so its symbol is instrumented
 #   SANITIZE_ARGS     extra compute-sanitizer options, e.g. "--padding 512"
 #   SANITIZE_LOG_DIR  where the logs go (default: $OUT/sanitize, else /tmp/nvfp4-sanitize)
 #   COMPUTE_SANITIZER the binary (default: on PATH, else the newest /usr/local/cuda*/bin one)
@@ -96,6 +99,14 @@ for tool in $tools; do
       ${SANITIZE_ARGS:-} python -m pytest -q -p no:cacheprovider $SANITIZE_PYTEST \
       >>"$out" 2>&1
     rc_pytest=$?
+  fi
+  if [ -n "${SANITIZE_SERVING:-}" ]; then
+    # shellcheck disable=SC2086
+    "$cs" --tool "$tool" --target-processes all --report-api-errors no --error-exitcode 86 \
+      --print-limit 50 --log-file "$logdir/$tool.%p.log" "${filters[@]}" ${SANITIZE_ARGS:-} \
+      python scripts/serving_check.py --artifacts "$artifacts" --reps 2 \
+      --only "$SANITIZE_SERVING" >>"$out" 2>&1
+    rc_pytest=$(( rc_pytest | $? ))
   fi
   cat "$logdir/$tool".*.log >"$log" 2>/dev/null
   # One "ERROR SUMMARY: N errors" per process; racecheck adds "RACECHECK SUMMARY: N hazards".
