@@ -479,3 +479,19 @@ def test_invalid_expert_set_message(fams: Families, extra: str, message: str) ->
     with pytest.raises(SpecError) as info:
         parse(BASE + "  - name: layer\n" + extra, fams)
     assert str(info.value) == f"shapes.yaml: {message}"
+
+
+def test_default_shapes_yaml_declares_the_model_expert_layers() -> None:
+    """Issue 26: the expert GEMMs of real models, for scaled_grouped_mm (serving.md)."""
+    fams = load_families("kernels.families")
+    sets = {s.name: s for s in load_spec(REPO / "shapes.yaml", fams).sets}
+    layers = {"dsv3_gateup_e256": (256, 4096, 7168), "dsv3_down_e256": (256, 7168, 2048),
+              "dsv3_gateup_e32": (32, 4096, 7168), "dsv3_down_e32": (32, 7168, 2048),
+              "qwen3_30b_gateup": (128, 1536, 2048), "qwen3_30b_down": (128, 2048, 768),
+              "qwen3_235b_gateup_e128": (128, 3072, 4096), "qwen3_235b_down_e128": (128, 4096, 1536),
+              "qwen3_235b_gateup_e16": (16, 3072, 4096), "qwen3_235b_down_e16": (16, 4096, 1536),
+              "mixtral_gateup": (8, 28672, 4096), "mixtral_down": (8, 4096, 14336)}
+    for name, (e, n, k) in layers.items():
+        s = sets[name]
+        assert s.dynamic_m and s.max_m is None and s.groups == ((n, k),) * e, name
+        assert s.out_dtypes == ("bfloat16", "float16"), name
