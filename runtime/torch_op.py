@@ -3,6 +3,7 @@
     import runtime.torch_op as nvfp4_op           # registers the ops (explicit: `import runtime`
     nvfp4_op.register(runtime.load("artifacts"))  # alone never pays for torch.library)
     outs = torch.ops.nvfp4.grouped_gemm(a_list, b_list, sfa_list, sfb_list)
+    out = torch.ops.nvfp4.scaled_grouped_mm(a, b, sfa, sfb, offs)  # serving: stacked experts
 
 Schemas:
 
@@ -12,6 +13,9 @@ Schemas:
     nvfp4::grouped_gemm_out(Tensor[] a, Tensor[] b, Tensor[] sfa, Tensor[] sfb,
                             Tensor(a!)[] out, str artifacts="default",
                             Tensor? alpha=None) -> ()
+    nvfp4::scaled_grouped_mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, Tensor offs,
+                             str artifacts="default", Tensor? alpha=None,
+                             ScalarType out_dtype=torch.bfloat16) -> Tensor
 
 Arguments and results are those of `GroupedGemm.grouped_gemm`: per group a (m, k/2) and b
 (n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, alpha an optional float32 (G,) CUDA tensor,
@@ -50,7 +54,8 @@ from torch import Tensor
 
 from .errors import InputError
 
-__all__ = ["DEFAULT", "grouped_gemm", "lookup", "register", "registered", "unregister"]
+__all__ = ["DEFAULT", "grouped_gemm", "lookup", "register", "registered", "scaled_grouped_mm",
+           "unregister"]
 
 DEFAULT = "default"
 NAMESPACE = "nvfp4"
@@ -208,6 +213,49 @@ def _grouped_gemm_out_fake(a: list[Tensor], b: list[Tensor], sfa: list[Tensor],
                      lambda g=g, c=c, x=x, y=y: f"out[{g}] must have shape (m, n) = "
                                                 f"({x.shape[0]}, {y.shape[0]}), but got "
                                                 f"{tuple(c.shape)}")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::scaled_grouped_mm", mutates_args=())
+def _scaled_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs: Tensor,
+                       artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                       out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return lookup(artifacts).scaled_grouped_mm(a, b, sfa, sfb, offs, alpha=alpha,
+                                               out_dtype=out_dtype)
+
+
+@_scaled_grouped_mm.register_fake
+def _scaled_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs: Tensor,
+                            artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                            out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """The serving op's trace-time checks (runtime/serving.py is the authority) and its output:
+    (T, N) in out_dtype; rows past offs[-1] are left unwritten by the kernel."""
+    if a.dim() != 2 or b.dim() != 3:
+        raise InputError(f"a must be (T, K/2) and b (E, N, K/2), but got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in _FP4 or b.dtype not in _FP4:
+        raise InputError(f"a and b must be one of {list(_FP4)}, but got {a.dtype} and {b.dtype}")
+    if sfa.dtype not in _SF or sfb.dtype not in _SF:
+        raise InputError(f"sfa and sfb must be one of {list(_SF)}, but got {sfa.dtype} and "
+                         f"{sfb.dtype}")
+    if offs.dtype != torch.int32 or offs.dim() != 1:
+        raise InputError(f"offs must be a 1-D torch.int32 tensor, but got {offs.dtype} of shape "
+                         f"{tuple(offs.shape)}")
+    _require(offs.shape[0] == b.shape[0],
+             lambda: f"offs must have shape ({b.shape[0]},), but got {tuple(offs.shape)}")
+    _require(a.shape[1] == b.shape[2],
+             lambda: f"a and b must have the same K/2, but got {a.shape[1]} and {b.shape[2]}")
+    _fake_alpha(alpha, b.shape[0])
+    if out_dtype not in _OUT:
+        raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def scaled_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs: Tensor, *,
+                      artifacts: str = DEFAULT, alpha: Tensor | None = None,
+                      out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """torch.ops.nvfp4.scaled_grouped_mm with keyword arguments (GroupedGemm.scaled_grouped_mm
+    as a custom op: one stacked weight tensor, device offsets, traceable by torch.compile)."""
+    return torch.ops.nvfp4.scaled_grouped_mm(a, b, sfa, sfb, offs, artifacts, alpha, out_dtype)
 
 
 def grouped_gemm(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor],
