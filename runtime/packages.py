@@ -45,7 +45,6 @@ __all__ = [
     "ArtifactPackage",
     "find_artifact_dirs",
     "installed",
-    "load",
     "resolve",
 ]
 
@@ -164,13 +163,6 @@ def resolve(spec: str | os.PathLike[str] | None = None, *,
     if not pkg.usable:
         raise ManifestError(f"artifact package {pkg.describe()} cannot be used: {pkg.problem}")
     return pkg.artifact_dir  # type: ignore[return-value]
-
-
-def load(spec: str | os.PathLike[str] | None = None) -> Any:
-    """`runtime.load(resolve(spec))`: a GroupedGemm over an installed package or a directory."""
-    from .api import load as api_load
-
-    return api_load(resolve(spec))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -356,7 +356,7 @@ def test_clean_venv_installs_both_wheels_and_loads_with_no_path(art: Path,
     out = run("import importlib.util, sys, torch, runtime, runtime.packages as p\n"
               "assert importlib.util.find_spec('cutlass') is None\n"
               "assert runtime.__file__.startswith(sys.prefix)\n"
-              "gg = p.load()\n"
+              "gg = runtime.load()\n"
               "print([e.name for e in gg.kernels])\n"
               "import runtime.torch_op as op\n"
               "assert op.lookup() is not None  # 'default': the only installed package\n"
