@@ -311,7 +311,7 @@ def run_gpu(args) -> dict:
     from runtime.dispatch import dynamic_groups
 
     gg = runtime.load(args.artifacts)
-    rt = gg._runtime(torch.cuda.current_device())
+    rt = gg.device_runtime(torch.cuda.current_device())
     results, meta = {}, {}
     for count in (2, 8):
         e, shapes = entry_for(gg, count, rt.arch)

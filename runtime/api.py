@@ -194,6 +194,12 @@ class GroupedGemm:
                     rt = self._runtimes[ordinal] = DeviceRuntime(self.store, ordinal)
         return rt
 
+    def device_runtime(self, device: Any = None) -> Any:
+        """The per-device runtime (runtime/device.py: loaded kernels, plans, workspaces) for
+        `device` (default: current), created on first use: for diagnostics and benchmarks
+        (its `arch`, `label`, `prepared(entry)`); calls never need it."""
+        return self._runtime(_ordinal(device))
+
     def select(self, shapes: Sequence[Sequence[int]], device: Any = None,
                out_dtype: torch.dtype = torch.float16) -> KernelEntry:
         """The kernel that would serve (m, n, k) per group writing `out_dtype` on `device`

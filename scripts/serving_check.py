@@ -177,7 +177,7 @@ def main() -> int:
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, exit=True)
     gg = runtime.load(args.artifacts)
-    arch = gg._runtime(torch.cuda.current_device()).arch
+    arch = gg.device_runtime(torch.cuda.current_device()).arch
     rng = random.Random(7)
     rows = []
     for entry in gg.kernels:

@@ -591,7 +591,7 @@ def _tamper(art: Path, how: str, arch: str) -> None:
 @pytest.mark.parametrize("how", TAMPER)
 def test_tampered_artifacts_refused_by_preload_on_gpu(art: Path, how: str) -> None:
     gg = runtime.load(art)
-    arch = gg._runtime(0).arch
+    arch = gg.device_runtime(0).arch
     if arch not in ("sm_90a", "sm_100a"):
         pytest.skip(f"no kernel family targets this GPU ({arch})")
     _tamper(art, how, arch)
@@ -603,7 +603,7 @@ def test_tampered_artifacts_refused_by_preload_on_gpu(art: Path, how: str) -> No
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_intact_copy_preloads_and_other_arch_is_refused_on_gpu(art: Path) -> None:
     gg = runtime.load(art)
-    rt = gg._runtime(0)
+    rt = gg.device_runtime(0)
     if rt.arch not in ("sm_90a", "sm_100a"):
         pytest.skip(f"no kernel family targets this GPU ({rt.arch})")
     assert gg.preload() == [kernel(art, rt.arch).name]

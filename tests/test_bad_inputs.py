@@ -846,7 +846,7 @@ def gpu_gg() -> tuple[runtime.GroupedGemm, tuple[tuple[int, int, int], ...]]:
     if not (ARTIFACTS / "manifest.json").is_file():
         pytest.skip(f"no artifacts at {ARTIFACTS} (set NVFP4_ARTIFACTS)")
     gg = runtime.load(ARTIFACTS)
-    arch = gg._runtime(0).arch
+    arch = gg.device_runtime(0).arch
     exact = [e for e in gg.kernels if e.arch == arch and not e.constraints.get("dynamic_m")
              and len(e.constraints["groups"]) >= 2]
     if not exact:
@@ -950,7 +950,7 @@ def test_k_and_n_multiples_through_the_api_on_gpu(gpu_gg, launches, what: str) -
 @pytest.mark.gpu
 def test_unbuilt_group_count_through_the_api_on_gpu(gpu_gg, launches) -> None:
     gg, shapes = gpu_gg
-    rt = gg._runtime(0)
+    rt = gg.device_runtime(0)
     extra = (*shapes, shapes[0])
     p = Problem(extra, "cuda")
     with pytest.raises(NoKernelError) as info:

@@ -106,7 +106,7 @@ def test_no_write_outside_c_and_inputs_untouched(gg: runtime.GroupedGemm, name: 
     if name not in {e.name for e in gg.kernels}:
         pytest.skip(f"no kernel with an m off the M tile in {ARTIFACTS}")
     e = gg.store.manifest.kernel(name)
-    rt = gg._runtime(0)
+    rt = gg.device_runtime(0)
     if e.arch != rt.arch:
         pytest.skip(f"{name} is for {e.arch}, this GPU runs {rt.arch}")
     groups = [tuple(g) for g in e.constraints["groups"]]

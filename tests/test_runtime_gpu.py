@@ -51,7 +51,7 @@ def gg() -> runtime.GroupedGemm:
 def entries(gg: runtime.GroupedGemm) -> list[KernelEntry]:
     # The fp16 kernels: these tests call with fp16 outputs. Every bf16 kernel is checked bit
     # for bit by scripts/gpu_checks.py, and through every launch path by the alpha test below.
-    arch = gg._runtime(0).arch
+    arch = gg.device_runtime(0).arch
     found = [e for e in gg.kernels if e.arch == arch and e.out_dtype == "float16"]
     if not found:
         pytest.skip(f"no kernel in {ARTIFACTS} targets this GPU ({arch})")
@@ -115,7 +115,7 @@ def replay_with_fresh_inputs(gg, graph, static, out, shapes, seeds) -> None:
 def test_preload_checks_every_kernel_abi_with_param_info(gg, entries) -> None:
     from runtime.loader import check_param_layout, param_layout
 
-    rt = gg._runtime(0)
+    rt = gg.device_runtime(0)
     every = [e for e in gg.kernels if e.arch == rt.arch]  # both output types
     assert gg.preload() == [e.name for e in every]
     assert {e.name for e in entries} < {e.name for e in every}
@@ -139,7 +139,7 @@ def test_tampered_abi_is_an_artifact_error(gg, entries, tmp_path: Path) -> None:
 
 
 def test_kernel_for_another_arch_is_refused(gg, entries) -> None:
-    rt = gg._runtime(0)
+    rt = gg.device_runtime(0)
     other = "sm_100a" if rt.arch == "sm_90a" else "sm_90a"
     e = dataclasses.replace(entries[0], name="other-arch", arch=other)
     with pytest.raises(ArtifactError, match=f"is built for {other}, which needs compute "
@@ -197,7 +197,7 @@ sys.path.insert(0, {str(REPO / 'tests')!r})
 from test_runtime_gpu import make_inputs, shapes_for
 import random
 gg = runtime.load({str(ARTIFACTS)!r})
-arch = gg._runtime(0).arch
+arch = gg.device_runtime(0).arch
 for e in [e for e in gg.kernels if e.arch == arch]:
     shapes = shapes_for(e, random.Random(0))
     gg.grouped_gemm(*make_inputs(shapes, "cuda", 0))
@@ -596,7 +596,7 @@ def test_alpha_and_bf16_through_every_launch_path(gg, entries) -> None:
     (a new alpha tensor each call: its address is not part of the cached pointer table), a
     bound call whose alpha is rewritten in place, and a captured graph. Powers of two keep the
     products exact, so every result must equal the float64 reference rounded to bf16."""
-    arch = gg._runtime(0).arch
+    arch = gg.device_runtime(0).arch
     bf16 = [e for e in gg.kernels if e.arch == arch and e.out_dtype == "bfloat16"
             and e.takes_alpha]
     if not bf16:
