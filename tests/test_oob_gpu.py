@@ -39,7 +39,7 @@ pytestmark = [
 
 
 def _ragged(e: KernelEntry) -> bool:
-    tile_m = int(e.tile.get("m", 128))
+    tile_m = e.tile.m
     groups = e.constraints.get("groups")
     return (not e.constraints.get("dynamic_m") and isinstance(groups, list)
             and any(g[0] % tile_m for g in groups))
@@ -47,7 +47,7 @@ def _ragged(e: KernelEntry) -> bool:
 
 def _candidates() -> list[str]:
     try:
-        return [e.name for e in load_manifest(ARTIFACTS).kernels if _ragged(e)]
+        return [e.name for e in load_manifest(ARTIFACTS).sets if _ragged(e)]
     except ManifestError:
         return []
 
@@ -110,7 +110,7 @@ def test_no_write_outside_c_and_inputs_untouched(gg: runtime.GroupedGemm, name: 
     if e.arch != rt.arch:
         pytest.skip(f"{name} is for {e.arch}, this GPU runs {rt.arch}")
     groups = [tuple(g) for g in e.constraints["groups"]]
-    tile_m, tile_n = int(e.tile.get("m", 128)), int(e.tile.get("n", 128))
+    tile_m, tile_n = e.tile.m, e.tile.n
     served = gg.select(groups)
     if served is not e:
         pytest.skip(f"the API dispatches these shapes to {served.name}")

@@ -129,7 +129,8 @@ def test_tampered_abi_is_an_artifact_error(gg, entries, tmp_path: Path) -> None:
     shutil.copytree(ARTIFACTS, tmp_path / "art")
     path = tmp_path / "art" / "manifest.json"
     obj = json.loads(path.read_text())
-    k = next(k for k in obj["kernels"] if k["name"] == entries[0].name)
+    key = next(s["kernel"] for s in obj["sets"] if s["name"] == entries[0].name)  # schema 2
+    k = next(k for k in obj["kernels"] if k["key"] == key)
     last = k["params"][-1]
     last["offset"] += last["align"]  # still a valid slot, no longer the cubin's
     path.write_text(json.dumps(obj))
