@@ -76,7 +76,8 @@ class Config:
     stream_a: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
-    # workspace per CTA, which bench/trace_run.py reads back. The default cubins are unchanged.
+    # workspace per CTA, which bench/trace_run.py reads back. compile_kernel builds it as
+    # trace.py's subclass (hooks.py's overrides); the default cubins are unchanged.
     trace: bool = False
 
 

@@ -81,14 +81,11 @@ class TileConsumer:
                      ct) -> tuple:
         """A data-parallel consumer's whole tile (_k_loop over its k), with a trace's tile
         start and K-loop end stamped; returns _k_loop's results and the tile's trace handle."""
-        trace = None
-        if cutlass.const_expr(self.config.trace):
-            trace = self._trace_tile(tile, cta.bidx, cta.grid, ct == 0)
-            self._stamp_tile(trace[0], 0, trace[1])
+        trace = self._tile_trace(tile, cta, ct)
+        self._stamp_tile(trace, 0)
         b_state, a_state, prev_slot = self._k_loop(mma, b_state, a_state, prev_slot, 0,
                                                    k // K_TILE, scale_row0, ct, trace)
-        if cutlass.const_expr(self.config.trace):
-            self._stamp_tile(trace[0], 1, trace[1])
+        self._stamp_tile(trace, 1)
         return b_state, a_state, prev_slot, trace
 
     @cute.jit
@@ -119,8 +116,7 @@ class TileConsumer:
                 loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
                           for h in range(2)]
             for s in cutlass.range_constexpr(SUB_STEPS):
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_step(trace, kt, s, 0)
+                self._stamp_step(trace, kt, s, 0)
                 if cutlass.const_expr(self.config.w_prefetch):
                     for h in cutlass.range_constexpr(2):
                         self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
@@ -135,17 +131,14 @@ class TileConsumer:
                 if s == SUB_STEPS - 1:
                     b_pipe.consumer_release(b_state)  # the weights are in registers now
                 a_pipe.consumer_wait(a_state)
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_step(trace, kt, s, 1)
+                self._stamp_step(trace, kt, s, 1)
                 slot = a_state.index
                 warpgroup.fence()
                 self._step_mma(mma, s, slot)
                 warpgroup.commit_group()
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_step(trace, kt, s, 2)
+                self._stamp_step(trace, kt, s, 2)
                 warpgroup.wait_group(1)
-                if cutlass.const_expr(trace is not None):
-                    self._stamp_step(trace, kt, s, 3)
+                self._stamp_step(trace, kt, s, 3)
                 # The previous step's wgmma has retired: its A slot may be refilled. (The
                 # first step of a piece has none: the previous piece's end released it.)
                 if cutlass.const_expr(s > 0):

@@ -48,8 +48,7 @@ class AsyncEpilogue:
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()
-        if cutlass.const_expr(trace is not None):
-            self._stamp_tile(trace[0], 2, trace[1])
+        self._stamp_tile(trace, 2)
         posted = self._next_tile_post(storage)
         next_k, next_row0 = posted[0], posted[1]
         scale = self._tile_scale_post(storage)[0]
@@ -59,8 +58,7 @@ class AsyncEpilogue:
         # A full barrier rather than an arrive: the storers are already waiting here, and
         # compute-sanitizer's racecheck orders shared memory only through full barriers.
         c_full.arrive_and_wait()
-        if cutlass.const_expr(trace is not None):
-            self._stamp_tile(trace[0], 3, trace[1])
+        self._stamp_tile(trace, 3)
         return next_k, next_row0
 
     def _next_tile_post(self, storage) -> cute.Tensor:

@@ -50,7 +50,8 @@ are mixins: staged.py (v3: the role dispatch, phase 1 and the grid barrier), pro
 consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py
 (v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into
 wgmma registers, both versions); structure.py has the layout constants they share. Bit tricks live
-in fp4_bits.py / dequant.py, PTX in ptx.py.
+in fp4_bits.py / dequant.py, PTX in ptx.py. hooks.py: the no-op diagnostic hooks the roles call,
+which trace.py's subclass (Config.trace) overrides.
 """
 
 from __future__ import annotations
@@ -88,7 +89,6 @@ from .config import (
     SCALE_ATOM_BYTES,
     SCALE_STAGE_BYTES,
     SUB_K,
-    TRACE_BYTES,
     Config,
     c_tile_bytes,
     can_implement,
@@ -99,6 +99,7 @@ from .consumer import TileConsumer
 from .context import CtaContext
 from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
+from .hooks import TraceHooks
 from .per_tile import PerTileA
 from .producer import TileProducer
 from .ptx import trap
@@ -106,7 +107,6 @@ from .staged import HEADER_BYTES, StagedA
 from .staging import STREAM_HEADER_BYTES
 from .streamed import StreamedA
 from .structure import PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS, WARPGROUP
-from .trace import TraceStamps
 from .weights import WeightFragments
 
 SYMBOL_PREFIX = "nvfp4_gg_sm90"
@@ -118,7 +118,7 @@ C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
 class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA, PerTileA,
-                      WeightFragments, TraceStamps):
+                      WeightFragments, TraceHooks):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
@@ -139,7 +139,6 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
         self.a_fp16 = config.a_fp16
-        self.trace_bytes = TRACE_BYTES if config.trace else 0  # Config.trace's record per CTA
         # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
         # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
         # v3 patches a set one tile before its loads (patch_ahead): one set more in the rotation.
@@ -484,10 +483,14 @@ def _check_dsl_arch(arch: str) -> None:
 
 
 def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, int]],
-                   kernel_class: type[Sm90GroupedGemm] = Sm90GroupedGemm) -> CompiledKernel:
+                   kernel_class: type[Sm90GroupedGemm] | None = None) -> CompiledKernel:
     """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
     `kernel_class`: a subclass overriding some roles, for diagnostic builds only
-    (bench/diag_build.py); the shipped kernels are Sm90GroupedGemm's."""
+    (bench/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
+    subclass (trace.py). The shipped kernels are Sm90GroupedGemm's."""
+    if kernel_class is None:
+        from .trace import TracedSm90GroupedGemm  # imports this module
+        kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)

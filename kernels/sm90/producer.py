@@ -49,16 +49,12 @@ class TileProducer:
         bidx = cta.bidx
         ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(mainloop.atoms, ws, bidx)
-        lane0 = None
-        if cutlass.const_expr(self.config.trace):
-            lane0 = Int32(cute.arch.lane_idx() == 0)
-            self._stamp_cta(1, lane0)
+        self._stamp_prologue(1)
         group, pre = self._first_tile_prefetch(cta)
         if pre > 0:
             _, m, n, k = self._group_of(bidx, group, cta.prefix, cta.sizes)
             self._patch_descriptors_a16(mainloop, ws, cta, Int32(0), group, m, n, k)
-            if cutlass.const_expr(self.config.trace):
-                self._stamp_cta(2, lane0)
+            self._stamp_prologue(2)
             _, tile_n_idx = self._tile_coords(bidx, group, cta.prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
@@ -67,8 +63,7 @@ class TileProducer:
             for kt in cutlass.range(0, 0 + pre, unroll=1):
                 b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, kt,
                                           tile_n_idx * self.tile_n)
-                if cutlass.const_expr(self.config.trace):
-                    self._stamp_cta(3, lane0 & Int32(kt == 0))
+                self._stamp_prologue(3, kt)
 
     @cute.jit
     def _produce_b(self, mainloop, b_state, d_b, d_sfb, kt, row_b, trace=None) -> Any:
@@ -77,8 +72,7 @@ class TileProducer:
         plain local variables, not through attributes a helper changes)."""
         b_pipe, storage = mainloop.b_pipe, mainloop.storage
         b_pipe.producer_acquire(b_state)
-        if cutlass.const_expr(trace is not None):
-            self._stamp_stage(trace, kt, 0)
+        self._stamp_stage(trace, kt, 0)
         bar = b_pipe.producer_get_barrier(b_state)
         stage = b_state.index
         tma.tma_load(d_b, storage.packed_b.data_ptr() + stage * (self.tile_n * PACKED_ROW_BYTES),
@@ -86,8 +80,7 @@ class TileProducer:
         tma.tma_load(d_sfb, storage.scale_b.data_ptr() + stage * self.sfb_stage_bytes,
                      bar, (0, kt * SCALE_BOX[1], row_b // 128))
         b_pipe.producer_commit(b_state)
-        if cutlass.const_expr(trace is not None):
-            self._stamp_stage(trace, kt, 1)
+        self._stamp_stage(trace, kt, 1)
         b_state.advance()
         return b_state
 
@@ -99,8 +92,7 @@ class TileProducer:
         a16 = mainloop.storage.a16.data_ptr()
         for s in cutlass.range_constexpr(SUB_STEPS):
             a_pipe.producer_acquire(a_state)
-            if cutlass.const_expr(trace is not None):
-                self._stamp_stage(trace, kt, 2 + s)
+            self._stamp_stage(trace, kt, 2 + s)
             tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
                          a_pipe.producer_get_barrier(a_state), (kt * K_TILE + s * SUB_K, row_a))
             a_pipe.producer_commit(a_state)
@@ -162,9 +154,7 @@ class TileProducer:
             group, m, _, k = self._group_of(bidx, group, prefix, sizes)
         tile = bidx
         while tile < total_tiles:
-            trace = None
-            if cutlass.const_expr(self.config.trace):
-                trace = self._trace_tile(tile, bidx, grid, cute.arch.thread_idx()[0] == 0)
+            trace = self._tile_trace(tile, cta)
             if group != prev_group:
                 desc_set = ahead_set  # patched while the previous tile loaded
                 prev_group = group
@@ -219,8 +209,7 @@ class TileProducer:
         if cutlass.const_expr(wait is not None):
             progress, row_end, grid = wait
             ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
-            if cutlass.const_expr(trace is not None):
-                self._stamp_cta(4, trace[1] & Int32(trace[0] == 0) & Int32(kt == kb))
+            self._stamp_a_wait(trace, kt, kb)
         return ready
 
     @cute.jit

@@ -95,8 +95,7 @@ class StreamedA:
         if lane >= num_groups:
             m_l = Int32(0)
         end_l, rows = self._lane_scan(m_l, lane)
-        if cutlass.const_expr(self.config.trace):
-            self._stamp_cta(6, Int32(st == 0))
+        self._stamp_stager(6, st)
         first_l = end_l - m_l
         per_row = k // A_CHUNK_K
         total = rows * per_row
@@ -125,17 +124,14 @@ class StreamedA:
                 dsts.append(dst)
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
-            if cutlass.const_expr(self.config.trace):
-                self._stamp_cta(7, Int32(it == 0) & Int32(st == 0))
+            self._stamp_stager(7, st, it)
             self._publish_staged()
             cute.arch.sync_warp()
-            if cutlass.const_expr(self.config.trace):
-                self._stamp_cta(8, Int32(it == 0) & Int32(st == 0))
+            self._stamp_stager(8, st, it)
             if cute.arch.lane_idx() == 0:
                 red_add_release_gpu_u32(
                     bank + Int64(cutlass.min(it, PROGRESS_SLOTS - 1) * 4), Uint32(1))
-                if cutlass.const_expr(self.config.trace):
-                    self._stamp_cta(5, Int32(it == 0) & Int32(st == 0))
+                self._stamp_stager(5, st, it)
 
     @cute.jit
     def _await_staged(self, bank, need, iterations, grid) -> Int32:
