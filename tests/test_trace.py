@@ -1,6 +1,7 @@
 """Config.trace (a diagnostic build: clock stamps per CTA in the workspace) and
 bench/trace_run.py's reading of them: the option is checked like the others, a trace build
-compiles and reserves its record in the workspace, and the decoder turns known stamps into the
+compiles (as the shipped kernel with its no-op hooks overridden) and reserves its record in the
+workspace, and the decoder turns known stamps into the
 phase lengths they encode."""
 
 from __future__ import annotations
@@ -137,9 +138,15 @@ k = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True
 plain = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
                               patch_ahead=True, stream_a=True),
                        arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
+from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+from kernels.sm90.hooks import TraceHooks
+from kernels.sm90.trace import TracedSm90GroupedGemm
 print(json.dumps({"per_cta": [k.tables["tensormap_workspace"]["bytes_per_cta"],
                               plain.tables["tensormap_workspace"]["bytes_per_cta"]],
-                  "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx]}))
+                  "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx],
+                  "hooks": sorted(a for a in vars(TraceHooks) if not a.startswith("__")),
+                  "replaced": sorted(a for a in vars(TracedSm90GroupedGemm)
+                                     if hasattr(Sm90GroupedGemm, a) and not a.startswith("__"))}))
 """
 
 
@@ -148,6 +155,9 @@ def test_a_trace_build_reserves_its_record_and_reads_the_clock() -> None:
     out = compile_sm90(SCRIPT)
     assert out["per_cta"][0] == out["per_cta"][1] + TRACE_BYTES
     assert out["clock"] == [True, False]
+    # The stamps live in a subclass that replaces the shipped kernel's no-op hooks, every one
+    # of them and nothing else (no role of the shipped kernel has a traced copy).
+    assert out["replaced"] == out["hooks"]
 
 
 def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
