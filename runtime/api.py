@@ -254,18 +254,16 @@ class GroupedGemm:
         if not sigs:
             return False
         tensors = (*a_list, *b_list, *sfa_list, *sfb_list, *out)
-        if alpha is None:
-            for sig in sigs:
-                if sig.guard.check(*tensors):
-                    return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)))
-            return False
-        if type(alpha) is not torch.Tensor:
-            return False
-        for sig in sigs:
+        guarded = tensors
+        if alpha is not None:
+            if type(alpha) is not torch.Tensor:
+                return False
             # The guard covers alpha too: float32, (G,), contiguous, on the call's device.
-            if sig.guard.check(*tensors, alpha):
+            guarded = (*tensors, alpha)
+        for sig in sigs:
+            if sig.guard.check(*guarded):
                 return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)),
-                                            alpha.data_ptr())
+                                            0 if alpha is None else alpha.data_ptr())
         return False
 
     def scaled_grouped_mm(self, a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .errors import InputError, ManifestError, NoKernelError
 from .formats import MN_LIMIT
-from .manifest import ARCH_CAPABILITY, KernelEntry
+from .manifest import ARCH_CAPABILITY, OUT_DTYPES, KernelEntry
 
 Shape = tuple[int, int, int]
 
@@ -100,11 +100,9 @@ class KernelIndex:
             f"{out_dtype} output on {where} ({target}); nothing was launched.",
         ]
         nk = tuple((n, k) for _, n, k in shapes)
-        others = sorted({e.out_dtype for e in self.kernels if e.arch == arch
-                         and e.out_dtype != out_dtype
-                         and (self._exact.get((arch, e.out_dtype, shapes)) is e
-                              or any(d is e for d, _ in
-                                     self._dynamic.get((arch, e.out_dtype, nk), ())))})
+        # The output types some kernel would serve these shapes in (max_m aside).
+        others = [d for d in OUT_DTYPES if d != out_dtype and
+                  ((arch, d, shapes) in self._exact or (arch, d, nk) in self._dynamic)]
         if others:
             lines.append(f"These shapes are built for {' and '.join(others)} output only: pass "
                          f"out_dtype (or out tensors) of that type, or add {out_dtype} to the "
