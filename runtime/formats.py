@@ -31,7 +31,12 @@ SCALE_ROWS = 128  # rows of one blocked-scale atom
 SCALE_COLS = 4  # scale columns of one atom (4 * SF_VEC = 64 elements of K)
 
 
+def scale_cols(k: int) -> int:
+    """Scale columns (bytes) of one blocked row: ceil(k / 64) * 4, one scale per 16 k."""
+    return -(-k // (SCALE_COLS * SF_VEC)) * SCALE_COLS
+
+
 def blocked_scale_numel(rows: int, k: int) -> int:
     """Bytes of one operand's e4m3 scales in the blocked layout: ceil(rows / 128) * 128 rows
-    x ceil(k / 64) * 4 scale columns (one scale per 16 k)."""
-    return -(-rows // SCALE_ROWS) * SCALE_ROWS * (-(-k // (SCALE_COLS * SF_VEC)) * SCALE_COLS)
+    x scale_cols(k)."""
+    return -(-rows // SCALE_ROWS) * SCALE_ROWS * scale_cols(k)

@@ -37,8 +37,10 @@ from typing import Any
 
 import torch
 
+from . import validate
 from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
+from .formats import blocked_scale_numel, scale_cols
 from .manifest import KernelEntry
 from .plan import TABLE_ALIGN, Plan, _layout, grid_size
 from .validate import (
@@ -53,11 +55,6 @@ from .validate import (
 )
 
 
-def scale_cols(k: int) -> int:
-    """Scale columns of one blocked row: round_up(K / 16, 4)."""
-    return -(-k // 64) * 4
-
-
 def sfa_rows_needed(t: int, experts: int) -> int:
     """Blocked A-scale rows that hold any routing of t rows over `experts` experts, each
     expert's rows padded to 128: round_up(t, 128) + 128 * experts."""
@@ -66,16 +63,12 @@ def sfa_rows_needed(t: int, experts: int) -> int:
 
 def _tensor(name: str, t: Any, dtypes: tuple, names: str, dims: int, shape_text: str
             ) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise InputError(f"{name} must be a torch.Tensor, but got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise InputError(f"{name} must have dtype {names}, but got {t.dtype}")
-    if dims and t.dim() != dims:
-        raise InputError(f"{name} must be {dims}-D {shape_text}, but got shape "
-                         f"{tuple(t.shape)}")
-    if not t.is_contiguous():
-        raise InputError(f"{name} must be contiguous, but got strides {t.stride()} for shape "
-                         f"{tuple(t.shape)}")
+    """The list API's tensor checks (validate: a dense torch.Tensor of one of `dtypes`,
+    contiguous), plus the rank (`dims`, 0 for any)."""
+    desc = validate._tensor(name, t, dtypes, names)
+    if dims and len(desc.shape) != dims:
+        raise InputError(f"{name} must be {dims}-D {shape_text}, but got shape {desc.shape}")
+    validate._contiguous(name, desc)
     return t
 
 
@@ -121,7 +114,7 @@ def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out
             f"sfa must have at least {need} elements (room for any routing: round_up(T, 128) + "
             f"128 * E = {sfa_rows_needed(t, experts)} blocked rows x {cols} scale columns, "
             f"T = {t}, E = {experts}), but got {sfa.numel()}")
-    want_b = experts * (-(-n // 128) * 128) * cols
+    want_b = experts * blocked_scale_numel(n, k)
     if sfb.numel() != want_b:
         raise InputError(f"sfb must have {want_b} elements ((E, round_up(N, 128) * "
                          f"round_up(K/16, 4)) = ({experts}, {want_b // experts})), but got "
@@ -194,7 +187,7 @@ def device_tables(entry: KernelEntry, call: ServingCall, out: torch.Tensor
         "a": starts * (k // 2) + call.a.data_ptr(),
         "b": g * (n * k // 2) + call.b.data_ptr(),
         "sfa": sfa_start * cols + call.sfa.data_ptr(),  # cols bytes per blocked row
-        "sfb": g * (-(-n // 128) * 128 * cols) + call.sfb.data_ptr(),
+        "sfb": g * blocked_scale_numel(n, k) + call.sfb.data_ptr(),
         "c": starts * (n * out.element_size()) + out.data_ptr(),
     }
     pointers = torch.stack([column[c] for c in lay.pointer_columns], dim=1).contiguous()

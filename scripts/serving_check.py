@@ -29,8 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 import runtime
 from runtime.dispatch import dynamic_groups
+from runtime.formats import scale_cols
 from runtime.nvfp4 import EXACT_DATA, make_grouped_problem, reference_grouped_gemm
-from runtime.serving import scale_cols, sfa_rows_needed
+from runtime.serving import sfa_rows_needed
 from runtime.validate import OUT_TORCH_DTYPES
 
 

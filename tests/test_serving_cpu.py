@@ -12,11 +12,11 @@ import torch
 from test_runtime_cpu import entry
 
 from runtime.errors import InputError, NoKernelError
+from runtime.formats import scale_cols
 from runtime.serving import (
     ServingCall,
     check_serving,
     device_tables,
-    scale_cols,
     select_serving,
     serving_plan,
     sfa_rows_needed,

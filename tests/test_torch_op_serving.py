@@ -10,8 +10,9 @@ import torch
 
 import runtime.torch_op as op
 from runtime.errors import InputError
+from runtime.formats import scale_cols
 from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
-from runtime.serving import scale_cols, sfa_rows_needed
+from runtime.serving import sfa_rows_needed
 
 E, N, K = 3, 128, 256
 OP = torch.ops.nvfp4.scaled_grouped_mm.default
