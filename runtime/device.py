@@ -141,6 +141,7 @@ class DevicePlan:
         # (ptrs, pointer table) of the last cached launch: a repeat skips the cache lookup.
         self.last: tuple[tuple[int, ...], device_tables.DeviceTable] | None = None
         self.row_index = _row_index(plan.pointer_columns, plan.num_groups)
+        self.ones = 0  # serving plans: the device address of their alpha = None ones
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -253,22 +254,15 @@ class DeviceRuntime:
         stream = self._stream(self.device.ordinal)
         prev = self._enter()
         try:
-            slot = dp.slot()
             alpha = alpha or dp.ones
             if self._capturing(stream):
                 header = dp.workspace_header
                 barrier = self._arena.store(bytes(header), self.device) if header else 0
-                ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
-                slot.set(pointers.data_ptr(), tables.data_ptr(), prefix_offset, ws.data_ptr(),
-                         barrier, alpha)
-                slot.stream = stream
-                launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
-                slot.pointers = slot.tables = slot.workspace = slot.barrier = slot.alpha = None
-                del ws
+                self._launch_in_capture(dp, stream, pointers.data_ptr(), tables.data_ptr(),
+                                        prefix_offset, barrier, alpha)
                 return
-            ws = self._workspaces.get((stream, dp.workspace_header))  # held until enqueued
-            if ws is None or ws[1] < dp.workspace_bytes:
-                ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
+            ws = self._workspace(stream, dp.workspace_bytes, dp.workspace_header)
+            slot = dp.slot()
             slot.set(pointers.data_ptr(), tables.data_ptr(), prefix_offset, ws[2], ws[2], alpha)
             slot.stream = stream
             launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
@@ -431,10 +425,16 @@ class DeviceRuntime:
                                      *header)
         base = self._arena.store(image, self.device)
         barrier = base + starts[2] if header else 0
+        self._launch_in_capture(dp, stream, base, base + starts[1], plan.cta_prefix_offset,
+                                barrier, alpha or base + starts[1] + plan.ones_offset)
+
+    def _launch_in_capture(self, dp: DevicePlan, stream: int, pointers: int, tables: int,
+                           prefix_offset: int, barrier: int, alpha: int) -> None:
+        """The captured launch itself, with tables the graph keeps: a workspace from the
+        graph's pool, and the thread's slot left to rewrite everything at its next launch."""
         ws = torch.empty(dp.workspace_bytes, dtype=torch.uint8, device=self.torch_device)
         slot = dp.slot()
-        slot.set(base, base + starts[1], plan.cta_prefix_offset, ws.data_ptr(), barrier,
-                 alpha or base + starts[1] + plan.ones_offset)
+        slot.set(pointers, tables, prefix_offset, ws.data_ptr(), barrier, alpha)
         slot.stream = stream
         launch.launch(dp.function, slot.config, stream, slot.params.kernel_params)
         # Graph-owned addresses: the next eager launch must write its own again.

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 import torch
+from test_dynamic_m import dev  # noqa: F401 - the fake-driver device fixture, used by name
 from test_runtime_cpu import entry
 
 from runtime.errors import InputError, NoKernelError
@@ -149,3 +150,44 @@ def test_out_and_out_dtype_errors() -> None:
         check_serving(*_args(), None, torch.empty(64, 128, dtype=torch.bfloat16), None)
     with pytest.raises(InputError, match=r"^out_dtype must be torch.float16 or torch.bfloat16"):
         check_serving(*_args(), None, None, torch.float32)
+
+
+# ------------------------------------------------------------------ the launch (fake driver)
+
+
+def test_launch_device_tables_eager_and_captured(dev, monkeypatch) -> None:
+    """DeviceRuntime.launch_device_tables with test_dynamic_m's fake driver: the kernel gets the
+    caller's device tables, the stream's workspace (eager) or a fresh one with a persistent
+    zeroed barrier (captured), and alpha's address or the plan's ones."""
+    from test_alpha_out_dtype import alpha_params
+    from test_dynamic_m import TEMPLATES, FakeArena
+
+    e, _ = entry(constraints=DYN, params=alpha_params())
+    loaded = type("Loaded", (), {"function": dev.drv.real.CUfunction(0x5000)})()
+    dp = dev.mod.DevicePlan(serving_plan(e, E, N, K, 64, 132),
+                            dev.mod.PreparedKernel(loaded=loaded, templates=dict(TEMPLATES)))
+    dp.ones = 0xABC000
+    call, out = call_for([10, 10, 40, 60])
+    pointers, tables, offset = device_tables(e, call, out)
+
+    def launched() -> tuple[int, ...]:
+        # (pointers, workspace, problem sizes, CTA prefix, alpha) at their recorded offsets
+        raw = dp.slot().params.raw()
+        return tuple(struct.unpack_from("<Q", raw, p.offset)[0] for p in e.params
+                     if p.kind == "table")
+
+    dev.rt.launch_device_tables(dp, pointers, tables, offset, 0)
+    ws = dev.rt._workspaces[(7, 0)][2]
+    assert launched() == (pointers.data_ptr(), ws, tables.data_ptr(),
+                          tables.data_ptr() + offset, 0xABC000)
+    assert dev.drv.launches[-1][0] == 7
+    dev.rt.launch_device_tables(dp, pointers, tables, offset, 0x1234)
+    assert launched()[-1] == 0x1234
+    dev.rt._arena = FakeArena()
+    dev.drv.capturing = True
+    dev.rt.launch_device_tables(dp, pointers, tables, offset, 0)
+    captured = launched()
+    assert captured[0] == pointers.data_ptr() and captured[2:] == (
+        tables.data_ptr(), tables.data_ptr() + offset, 0xABC000)
+    assert captured[1] not in (0, ws)  # the graph pool's workspace, not the stream's
+    assert len(dev.drv.launches) == 3
