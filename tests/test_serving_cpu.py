@@ -155,7 +155,7 @@ def test_out_and_out_dtype_errors() -> None:
 # ------------------------------------------------------------------ the launch (fake driver)
 
 
-def test_launch_device_tables_eager_and_captured(dev, monkeypatch) -> None:
+def test_launch_device_tables_eager_and_captured(dev, monkeypatch) -> None:  # noqa: F811
     """DeviceRuntime.launch_device_tables with test_dynamic_m's fake driver: the kernel gets the
     caller's device tables, the stream's workspace (eager) or a fresh one with a persistent
     zeroed barrier (captured), and alpha's address or the plan's ones."""
