@@ -225,7 +225,7 @@ def scaled_grouped_mm(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, *,
                       out_dtype: Any = torch.bfloat16) -> torch.Tensor:
     """See the module docstring. Raises InputError / NoKernelError with nothing launched."""
     call = check_serving(a, b, sfa, sfb, offs, alpha, out, out_dtype)
-    rt = gg.device_runtime(call.ordinal)
+    rt = gg._runtime(call.ordinal)  # the ordinal of a checked CUDA tensor: no device lookup
     entry = select_serving(gg.kernels, rt.arch, call.experts, call.n, call.k, call.t,
                            call.dtype)
     if alpha is not None and not entry.takes_alpha:
