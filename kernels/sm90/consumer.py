@@ -28,6 +28,22 @@ class _Slot:
 class TileConsumer:
     """v3's consumer warpgroups: the K loop of each tile, then the hand-over."""
 
+    def _mma_fragments(self, tiled_mma, a_smem, ct) -> tuple:
+        """One consumer thread's wgmma operands, both kernels (v2, v3): the fragments of the
+        shared fp16 A tiles `a_smem`, two weight register fragments (a step writes one while
+        the previous step's wgmma may still read the other; wait_group(1) retires the one
+        before that) and their 32-bit words, the accumulator, its coordinates and the
+        k-blocks per step."""
+        thr_mma = tiled_mma.get_slice(ct)
+        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a_smem))
+        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
+                  for _ in range(2)]
+        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
+        acc = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
+        return frag_a, frag_w, words_w, acc, coords, cute.size(frag_w[0], mode=[2])
+
     def _consumer_operands(self, tiled_mma, mainloop, ct) -> MmaOperands:
         """A consumer thread's view of the tile: the A ring's wgmma fragments, two weight
         fragments (and their words), the accumulator, its coordinates, k-blocks per step, the
@@ -35,15 +51,8 @@ class TileConsumer:
         storage = mainloop.storage
         a16_layout = self._a16_layout()
         a16 = storage.a16.get_tensor(a16_layout.outer, swizzle=a16_layout.inner)
-        thr_mma = tiled_mma.get_slice(ct)
-        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a16))
-        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                  for _ in range(2)]
-        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_w[0], mode=[2])
+        frag_a, frag_w, words_w, acc, coords, num_kblocks = self._mma_fragments(tiled_mma,
+                                                                                a16, ct)
         packed_b = storage.packed_b.data_ptr().toint()
         scale_b = storage.scale_b.data_ptr().toint()
         return MmaOperands(tiled_mma=tiled_mma, frag_a=frag_a, frag_w=frag_w, words_w=words_w,

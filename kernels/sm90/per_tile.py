@@ -8,7 +8,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Int32, Int64, Uint32
 from cutlass.cute.nvgpu import warpgroup
 
 from kernels import tables
@@ -113,17 +113,8 @@ class PerTileA:
         sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
         total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
         fp16_a = storage.fp16_a.get_tensor(fa_layout.outer, swizzle=fa_layout.inner)
-        thr_mma = tiled_mma.get_slice(ct)
-        frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(fp16_a))
-        # Two register fragments: a step writes one while the previous step's wgmma may still
-        # read the other (wait_group(1) retires the one before that).
-        frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))
-                  for _ in range(2)]
-        words_w = [cute.recast_tensor(f, Uint32) for f in frag_w]
-        acc = cute.make_rmem_tensor(
-            thr_mma.partition_shape_C((self.tile_n, self.tile_m)), Float32)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_n, self.tile_m)))
-        num_kblocks = cute.size(frag_w[0], mode=[2])
+        frag_a, frag_w, words_w, acc, coords, num_kblocks = self._mma_fragments(tiled_mma,
+                                                                                fp16_a, ct)
         step_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.consumer_threads)
 
         packed_b = storage.packed_b.data_ptr().toint()
