@@ -208,7 +208,9 @@ def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
 def test_can_implement_is_check_then_check_groups(config: Config, ks: list[int] | None) -> None:
     """One legality function: the builder's two halves, in order, and nothing else."""
     whole = check(config) + ([] if ks is None else check_groups(config, ks))
-    assert can_implement(config, ks) == whole
+    shapes = None if ks is None else [(64, 256, k) for k in ks]  # (m, n, k): only k matters
+    assert can_implement(config, shapes) == whole
+    assert can_implement(config, None if ks is None else [(256, k) for k in ks]) == whole
 
 
 @pytest.mark.parametrize("warpgroups, producer, consumer, fits", [

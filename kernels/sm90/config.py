@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.manifest import OUT_DTYPES
@@ -136,12 +137,15 @@ C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid 
 LANE_GROUPS = 32
 
 
-def can_implement(config: Config, ks: list[int] | None = None) -> list[str]:
-    """Every reason the kernel cannot be built for `config` or, given its groups' k (in order),
+def can_implement(config: Config, shapes: Sequence[Sequence[int]] | None = None) -> list[str]:
+    """Every reason the kernel cannot be built for `config` or, given the groups it must serve
+    (`shapes`: (m, n, k) or, m dynamic, (n, k) per group, in order; only each k matters),
     cannot serve them; empty when it can. The one legality function: the builder asks its two
-    halves apart (check per set's options, check_groups per set's groups), the kernel class
+    halves apart (check per set's options, check_groups per set's groups' k), the kernel class
     (Sm90GroupedGemm.can_implement) and compile_kernel ask it whole."""
-    return check(config) + ([] if ks is None else check_groups(config, ks))
+    if shapes is None:
+        return check(config)
+    return check(config) + check_groups(config, [g[-1] for g in shapes])
 
 
 def check_groups(config: Config, ks: list[int]) -> list[str]:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 import cutlass
@@ -153,10 +154,11 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         self.smem_bytes = 0
 
     @staticmethod
-    def can_implement(config: Config, ks: list[int] | None = None) -> list[str]:
-        """Reasons this kernel cannot be built for `config` (and serve groups of k `ks`);
+    def can_implement(config: Config, shapes: Sequence[Sequence[int]] | None = None
+                      ) -> list[str]:
+        """Reasons this kernel cannot be built for `config` (and serve the groups `shapes`);
         config.can_implement, the rules shapes.yaml validation uses too."""
-        return can_implement(config, ks)
+        return can_implement(config, shapes)
 
     # ------------------------------------------------------------------ host (trace time)
     @cute.jit
@@ -494,7 +496,7 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
-    reasons = kernel_class.can_implement(config, [g[-1] for g in groups])
+    reasons = kernel_class.can_implement(config, groups)
     if reasons:
         raise ValueError("; ".join(reasons))
     gemm = kernel_class(config)
