@@ -99,6 +99,8 @@ def _fills(p: Param) -> str:
         return f"CUtensorMap template for operand {p.operand} (grid constant)"
     if p.kind == "scalar":
         return f"scalar {p.value}"
+    if p.kind == "operand":
+        return f"device address of the call's {p.operand}"
     return f"{p.size} zero bytes" if p.kind == "zeros" else p.kind
 
 

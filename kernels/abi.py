@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.manifest import OPERANDS, SCALARS, TABLES, pack_offsets
+from runtime.manifest import CALL_OPERANDS, OPERANDS, SCALARS, TABLES, pack_offsets
 
 
 class AbiError(Exception):
@@ -92,6 +92,12 @@ class KernelArgs:
             raise AbiError(f"operand {operand!r} must be one of {OPERANDS}")
         return self._add(name, atom, "tma_template", {"operand": operand, "tma": geometry})
 
+    def operand(self, name: str, ptr: Any, which: str) -> Any:
+        """The device address of a caller tensor, set per call (device-offsets kernels)."""
+        if which not in CALL_OPERANDS:
+            raise AbiError(f"operand {which!r} must be one of {CALL_OPERANDS}")
+        return self._add(name, ptr, "operand", {"operand": which})
+
     def scalar(self, name: str, value: Any, which: str) -> Any:
         """A 32-bit value the runtime computes per call."""
         if which not in SCALARS:
@@ -122,7 +128,7 @@ class KernelArgs:
         offsets = pack_offsets([s for _, _, s in flat])
         out = []
         for (rec, i, (size, align)), offset in zip(flat, offsets):
-            if rec.kind in ("table", "tma_template", "scalar") and len(rec.slots) != 1:
+            if rec.kind in ("table", "tma_template", "scalar", "operand") and len(rec.slots) != 1:
                 raise AbiError(f"{rec.kind} argument {rec.name!r} lowers to {len(rec.slots)} "
                                "parameters, expected 1")
             name = rec.name if len(rec.slots) == 1 else f"{rec.name}.{i}"

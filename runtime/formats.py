@@ -33,10 +33,28 @@ SCALE_COLS = 4  # scale columns of one atom (4 * SF_VEC = 64 elements of K)
 
 def scale_cols(k: int) -> int:
     """Scale columns (bytes) of one blocked row: ceil(k / 64) * 4, one scale per 16 k."""
-    return -(-k // (SCALE_COLS * SF_VEC)) * SCALE_COLS
+    # + and // only (k > 0): the device-offsets kernels evaluate it on a DSL Int32 too.
+    return (k + SCALE_COLS * SF_VEC - 1) // (SCALE_COLS * SF_VEC) * SCALE_COLS
 
 
 def blocked_scale_numel(rows: int, k: int) -> int:
     """Bytes of one operand's e4m3 scales in the blocked layout: ceil(rows / 128) * 128 rows
     x scale_cols(k)."""
-    return -(-rows // SCALE_ROWS) * SCALE_ROWS * scale_cols(k)
+    return (rows + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS * scale_cols(k)
+
+
+# Device-offsets kernels (Config.device_offsets; the serving contract, issue 26): each CTA
+# derives the three tables above from the call's offsets itself, into its own slot of the
+# workspace placed after the CTAs' descriptor sets: the pointers first (8-byte cells), then the
+# problem sizes, then the CTA prefix, the slot rounded up to OFFSETS_TABLE_ALIGN bytes.
+OFFSETS_TABLE_ALIGN = 128
+POINTER_ROW_BYTES = 8 * len(POINTER_COLUMNS)
+PROBLEM_ROW_BYTES = 4 * len(PROBLEM_COLUMNS)
+
+
+def offsets_tables_bytes(groups):  # an int, or a DSL Int32 at trace time
+    """Bytes of one CTA's derived tables for `groups` groups (pointers, problem sizes, CTA
+    prefix), rounded up to OFFSETS_TABLE_ALIGN. Written with + and // only, so the kernel
+    evaluates the same expression on its run-time group count."""
+    raw = (POINTER_ROW_BYTES + PROBLEM_ROW_BYTES + 4) * groups + 4
+    return (raw + OFFSETS_TABLE_ALIGN - 1) // OFFSETS_TABLE_ALIGN * OFFSETS_TABLE_ALIGN

@@ -36,7 +36,7 @@ ARCHS = ("sm_90a", "sm_100a")
 ARCH_CAPABILITY = {"sm_90a": (9, 0), "sm_100a": (10, 0)}
 
 # How the runtime fills a parameter.
-PARAM_KINDS = ("table", "tma_template", "scalar", "zeros")
+PARAM_KINDS = ("table", "tma_template", "scalar", "zeros", "operand")
 # Device tables a `table` parameter points at. grid_barrier is the zeroed header_bytes of the
 # tensormap workspace record (kernels/tables.py): the runtime passes the eager workspace's header
 # or, for a launch under graph capture, a persistent zeroed copy of its own.
@@ -45,9 +45,14 @@ PARAM_KINDS = ("table", "tma_template", "scalar", "zeros")
 TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace", "grid_barrier",
           "alpha")
 # Values a `scalar` parameter can carry.
-SCALARS = ("num_groups",)
+# rows, n, k: a device-offsets kernel's call (T rows of a, every expert's N and K).
+SCALARS = ("num_groups", "rows", "n", "k")
 # Operands a tensor-map template describes, and the columns of the pointer table.
 OPERANDS = ("a", "b", "sfa", "sfb", "c")
+# Caller tensors whose device address an `operand` parameter carries (device-offsets kernels,
+# Config.device_offsets: they derive their tables from these on the device): the stacked
+# operands, the output and the int32 expert end offsets.
+CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs")
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -96,7 +101,7 @@ class Param:
     size: int
     align: int
     table: str | None = None  # kind == "table"
-    operand: str | None = None  # kind == "tma_template"
+    operand: str | None = None  # kind == "tma_template" (OPERANDS) or "operand" (CALL_OPERANDS)
     tma: TmaGeometry | None = None  # kind == "tma_template"
     value: str | None = None  # kind == "scalar"
 
@@ -429,7 +434,8 @@ def _parse_param(r: _Reader) -> Param:
         size=r.get("size", int),
         align=r.get("align", int),
         table=r.choice("table", TABLES, optional=kind != "table"),
-        operand=r.choice("operand", OPERANDS, optional=kind != "tma_template"),
+        operand=r.choice("operand", CALL_OPERANDS if kind == "operand" else OPERANDS,
+                         optional=kind not in ("tma_template", "operand")),
         tma=_parse_tma(r.sub("tma")) if kind == "tma_template" else None,
         value=r.choice("value", SCALARS, optional=kind != "scalar"),
     )
@@ -438,7 +444,8 @@ def _parse_param(r: _Reader) -> Param:
             f"{r.path}: offset {p.offset}, size {p.size}, align {p.align} is not a valid "
             "parameter slot"
         )
-    expected = {"table": (8, 8), "tma_template": (128, 64), "scalar": (4, 4)}.get(kind)
+    expected = {"table": (8, 8), "tma_template": (128, 64), "scalar": (4, 4),
+                "operand": (8, 8)}.get(kind)
     if expected and (p.size, p.align) != expected:
         raise ManifestError(
             f"{r.path}: a {kind} parameter must have size {expected[0]} and align {expected[1]}, "

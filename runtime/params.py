@@ -9,7 +9,8 @@ graph capture), so a buffer may be rewritten as soon as the launch call returns.
 
 Values are keyed by role: a table parameter by its table name ('pointers', 'problem_sizes',
 'cta_prefix', 'tensormap_workspace', 'grid_barrier', 'alpha'), a scalar by its value name
-('num_groups'), a TMA template by its parameter name. `zeros` parameters take no value.
+('num_groups', 'rows', 'n', 'k'), an operand address by its operand ('a', ..., 'offs'), a TMA
+template by its parameter name. `zeros` parameters take no value.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def role(p: Param) -> str:
         return str(p.table)
     if p.kind == "scalar":
         return str(p.value)
+    if p.kind == "operand":
+        return str(p.operand)
     return p.name
 
 
@@ -51,7 +54,7 @@ class PackedParams:
         self.kernel_params = ctypes.addressof(self.pointers) if params else 0
         self._slots: dict[str, list[tuple[int, struct.Struct]]] = {}
         for p in params:
-            if p.kind == "table":
+            if p.kind in ("table", "operand"):
                 self._slots.setdefault(role(p), []).append((p.offset, _U64))
             elif p.kind == "scalar":
                 self._slots.setdefault(role(p), []).append((p.offset, _U32))
@@ -111,10 +114,10 @@ def pack_params(params: Sequence[Param], values: Mapping[str, Any]) -> PackedPar
                                     f"{TENSORMAP_BYTES} bytes in a {TENSORMAP_BYTES}-byte slot, "
                                     f"but got {len(data)} bytes for a {p.size}-byte slot")
             ctypes.memmove(ctypes.addressof(packed.buffer) + p.offset, data, TENSORMAP_BYTES)
-        elif p.kind == "table":
+        elif p.kind in ("table", "operand"):
             if p.size != 8:
-                raise ManifestError(f"parameter {i} {p.name!r}: a table address needs an 8-byte "
-                                    f"slot, but the slot is {p.size} bytes")
+                raise ManifestError(f"parameter {i} {p.name!r}: a device address needs an "
+                                    f"8-byte slot, but the slot is {p.size} bytes")
             _U64.pack_into(packed.buffer, p.offset, int(value))
         elif p.kind == "scalar":
             if p.size != 4:

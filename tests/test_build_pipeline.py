@@ -365,7 +365,7 @@ def test_launch_data_the_runtime_would_reject_fails_that_kernel(fake: Fake,
     assert failure.item.name == "mixed.sm_90a.acc1.f16"
     assert failure.error["message"].startswith(
         f"the recorded launch data is not a valid kernel record: {failure.item.kernel_name}"
-        ".params[0].kind must be one of ['table', 'tma_template', 'scalar', 'zeros'], but got "
+        ".params[0].kind must be one of ['table', 'tma_template', 'scalar', 'zeros', 'operand'], but got "
         "'pointer'")
 
 

@@ -75,6 +75,12 @@ class Config:
     # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
     # and at most LANE_GROUPS groups (check_groups).
     stream_a: bool = False
+    # The serving contract (issue 26; kernels/sm90/offsets.py): the kernel takes the call's
+    # int32 expert end offsets and operand base pointers instead of host-built tables, and
+    # each CTA derives the tables from them on the device, so a call needs no host work per
+    # routing and one captured graph serves every routing. Implied by shapes.yaml's
+    # `experts:` sets (builder/spec.py); v3 with the grid barrier only.
+    device_offsets: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which bench/trace_run.py reads back. compile_kernel builds it as
@@ -242,6 +248,15 @@ def check(config: Config) -> list[str]:
         elif name in _STAGED_ALWAYS and not value and config.a_fp16 is True:
             reasons.append(f"{name} must be true with a_fp16: true (the v3 kernel has no other "
                            f"path: {_STAGED_ALWAYS[name]}), but got false")
+    if not isinstance(config.device_offsets, bool):
+        reasons.append(f"device_offsets must be true or false, but got "
+                       f"{config.device_offsets!r}")
+    elif config.device_offsets and (config.a_fp16 is not True or config.stream_a is not False
+                                    or config.trace is not False):
+        reasons.append("device_offsets needs a_fp16: true, stream_a: false and trace: false "
+                       "(the device-offsets prologue is built on the v3 kernel with the grid "
+                       f"barrier), but got a_fp16 {config.a_fp16!r}, stream_a "
+                       f"{config.stream_a!r}, trace {config.trace!r}")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:

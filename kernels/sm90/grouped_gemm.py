@@ -176,6 +176,16 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         # num_ctas only sizes the launch: a static grid would let the compiler assume
         # blockIdx.x == 0, which a persistent kernel must never see.
         args = KernelArgs()
+        self._record_templates(args)
+        args.table("problem_sizes", problem_sizes, "problem_sizes")
+        args.table("pointers", pointers, "pointers")
+        args.table("cta_prefix", cta_prefix, "cta_prefix")
+        self._record_state(args, workspace, grid_barrier, alpha, num_groups)
+        self._launch(args, num_ctas)
+
+    def _record_templates(self, args: KernelArgs) -> None:
+        """The four TMA descriptor templates (B, A, SFB, SFA), recorded in `args` in that
+        order: the kernel's first parameters."""
         tile_m, tile_n = self.tile_m, self.tile_n
 
         packed_b_smem = self._packed_layout(tile_n)
@@ -222,9 +232,11 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
                                    scale_smem if self.scale_blocks == 1 else sfb_smem))
         args.tma_template("tma_sfa", atom_sfa, "sfa",
                           geometry(atom_sfa, _PH_SCALE, scale_stride, scale_smem))
-        args.table("problem_sizes", problem_sizes, "problem_sizes")
-        args.table("pointers", pointers, "pointers")
-        args.table("cta_prefix", cta_prefix, "cta_prefix")
+
+    def _record_state(self, args: KernelArgs, workspace, grid_barrier, alpha,
+                      num_groups) -> None:
+        """The parameters after the call's tables: workspace, grid barrier, alpha and the
+        group count."""
         args.table("tensormap_workspace", workspace, "tensormap_workspace")
         if cutlass.const_expr(self.a_fp16):
             # The grid barrier's zeroed header (staged.py): its own parameter, so a captured
@@ -235,28 +247,33 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
+    def _launch(self, args: KernelArgs, num_ctas) -> None:
+        """Declare the shared storage, then launch `self.kernel` on `args` (trace time)."""
+        tile_m, tile_n = self.tile_m, self.tile_n
         fa_layout = self._fp16_a_layout()
 
         stages = self.stages
 
-        @cute.struct
-        class SharedStorage:
-            mbar: cute.struct.MemRange[Int64, stages * 2]
-            packed_b: cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024]
-            packed_a: cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * tile_m * PACKED_ROW_BYTES], 1024]
-            scale_b: cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
-            scale_a: cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128]
-            fp16_a: cute.struct.Align[
-                cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024]
+        # Fields as a dict of real objects: string annotations (this module's `from __future__
+        # import annotations`) would be evaluated in a frame that does not hold these locals.
+        v2_fields = {
+            "mbar": cute.struct.MemRange[Int64, stages * 2],
+            "packed_b": cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
+            "packed_a": cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * tile_m * PACKED_ROW_BYTES], 1024],
+            "scale_b": cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128],
+            "scale_a": cute.struct.Align[
+                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128],
+            "fp16_a": cute.struct.Align[
+                cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024],
             # Where a shared fp16 B tile was (the weights now go to wgmma in registers): kept,
             # unused, so that the v2 cubins did not change.
-            fp16_b: cute.struct.Align[cute.struct.MemRange[Float16, 16], 1024]
-
-        self.shared_storage = SharedStorage
+            "fp16_b": cute.struct.Align[cute.struct.MemRange[Float16, 16], 1024],
+        }
+        self.shared_storage = cute.struct(
+            type("SharedStorage", (), {"__annotations__": v2_fields}))
         if cutlass.const_expr(self.a_fp16):
             a_slots = self.config.a_slots
             a16_elems = cute.cosize(self._a16_layout())
@@ -354,7 +371,15 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
+        self._run((tma_b, tma_a, tma_sfb, tma_sfa), problem_sizes, pointers, cta_prefix,
+                  workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid)
 
+    @cute.jit
+    def _run(self, atoms, problem_sizes, pointers, cta_prefix, workspace, grid_barrier, alpha,
+             num_groups, tidx, warp_idx, bidx, grid) -> None:
+        """The kernel body once the call's tables are in device memory (`atoms`: the B, A,
+        SFB and SFA templates)."""
+        tma_b, tma_a, tma_sfb, tma_sfa = atoms
         # The runtime launches with the recorded dynamic smem; trap rather than corrupt memory
         # if a launch ever provides less.
         if cute.arch.dynamic_smem_size() < self.smem_bytes:
@@ -491,8 +516,12 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
     (bench/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
     subclass (trace.py). The shipped kernels are Sm90GroupedGemm's."""
     if kernel_class is None:
-        from .trace import TracedSm90GroupedGemm  # imports this module
-        kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
+        if config.device_offsets:
+            from .offsets import Sm90OffsetsGemm  # imports this module
+            kernel_class = Sm90OffsetsGemm
+        else:
+            from .trace import TracedSm90GroupedGemm  # imports this module
+            kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
@@ -504,9 +533,15 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
     i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
     ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
     f32 = make_ptr(Float32, 16, cute.AddressSpace.gmem, assumed_align=4)
+    if config.device_offsets:  # offs, a, b, sfa, sfb, c, ..., num_groups, rows, n, k, grid
+        offs = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=4)
+        u8 = make_ptr(Uint8, 16, cute.AddressSpace.gmem, assumed_align=16)
+        call = (offs, u8, u8, u8, u8, u8, ws, ws, f32, *(Int32(1),) * 5)
+    else:  # problem_sizes, pointers, cta_prefix, ..., num_groups, grid
+        call = (i32, i64, i32, ws, ws, f32, Int32(1), Int32(1))
     with tempfile.TemporaryDirectory(prefix="nvfp4_sm90_") as dump:
         compiled = cute.compile(
-            gemm, i32, i64, i32, ws, ws, f32, Int32(1), Int32(1),
+            gemm, *call,
             options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
         )
         cubin, ptx = compiled.__cubin__, compiled.__ptx__

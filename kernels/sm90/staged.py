@@ -12,6 +12,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
+from runtime.formats import offsets_tables_bytes
 
 from . import tma
 from .config import LANE_GROUPS, SUB_K, register_split_fits
@@ -77,7 +78,7 @@ class StagedA:
                                     self._a16_load_rows() * SUB_K * 2)
         cta = self._context(*tables_)
         ws_base = workspace.toint()
-        a16_base = self._past_descriptors(ws_base, cta.grid)
+        a16_base = self._past_descriptors(ws_base, cta.grid, cta.num_groups)
         a16_base = self._trace_start(workspace, a16_base, tidx, cta.bidx, cta.grid)
         mainloop = Mainloop(atoms=atoms, storage=storage, b_pipe=b_pipe, a_pipe=a_pipe,
                          desc_base=ws_base + self.header_bytes, a16_base=a16_base)
@@ -86,11 +87,19 @@ class StagedA:
         else:
             self._roles_barrier(mainloop, cta, grid_barrier, tidx, warp_idx)
 
-    def _past_descriptors(self, ws_base, grid) -> Int64:
-        """Workspace address past the zeroed header and every CTA's descriptor sets, where the
-        trace records (Config.trace) and then the fp16 A begin (runtime/plan.py)."""
+    def _descriptors_end(self, ws_base, grid) -> Int64:
+        """Workspace address past the zeroed header and every CTA's descriptor sets."""
         return ws_base + self.header_bytes + grid * (self.desc_sets * tma.MAPS_PER_SET
                                                      * tma.TENSORMAP_BYTES)
+
+    def _past_descriptors(self, ws_base, grid, num_groups=None) -> Int64:
+        """Workspace address past the zeroed header and every CTA's descriptor sets (and, in
+        a device-offsets kernel, every CTA's derived tables: offsets.py), where the trace
+        records (Config.trace) and then the fp16 A begin (runtime/plan.py)."""
+        past = self._descriptors_end(ws_base, grid)
+        if cutlass.const_expr(self.config.device_offsets):
+            past = past + Int64(grid) * Int64(offsets_tables_bytes(num_groups))
+        return past
 
     @cute.jit
     def _roles_streamed(self, mainloop, cta, header, tidx, warp_idx) -> None:
