@@ -500,6 +500,18 @@ class _Checker:
         return tuple(builds)
 
 
+def _serving_options(families: Families, archs: tuple[str, ...],
+                     own_opts: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """An expert set's options: `device_offsets: true` for each arch whose kernel family has
+    that option (the serving contract's kernels, issue 26), unless the set says otherwise."""
+    out = {arch: dict(opts) for arch, opts in own_opts.items()}
+    for arch in archs:
+        fields = getattr(families.family_for(arch).config.Config, "__dataclass_fields__", {})
+        if "device_offsets" in fields:
+            out.setdefault(arch, {}).setdefault("device_offsets", True)
+    return out
+
+
 def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
     """Validate a decoded shapes.yaml; raise SpecError at the first problem."""
     c = _Checker(source, families)
@@ -574,6 +586,15 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
                 if arch is not None and arch not in archs:
                     raise c.fail(f"{path}.{key}.{arch}", f"{key} are given for {arch}, but the "
                                                          f"set builds only {list(archs)}")
+        if "experts" in s:
+            own_opts = _serving_options(c.families, archs, own_opts)
+        else:
+            for arch, opts in {**d_opts, **own_opts}.items():
+                if opts.get("device_offsets") and (arch is None or arch in archs):
+                    raise c.fail(_options_where(path, arch, own_opts, d_opts),
+                                 "device_offsets is only for expert sets (experts, n, k: the "
+                                 "serving contract's kernels, which take device offsets), but "
+                                 "it is set for this set of groups")
         builds = c.resolve(path, archs, acc, own_opts, d_opts)
         if "experts" in s:
             groups = c.experts(s, path, archs)

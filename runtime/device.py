@@ -21,6 +21,7 @@ Per-launch device state must never be shared by launches that can overlap:
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -170,6 +171,64 @@ class DevicePlan:
         return t
 
 
+# The per-call parameters of a device-offsets kernel, in the order OffsetsPlan.launch packs them.
+OFFSETS_CALL_ROLES = ("offs", "a", "b", "sfa", "sfb", "c", "tensormap_workspace",
+                      "grid_barrier", "alpha")
+
+
+class OffsetsPlan:
+    """A device-offsets kernel (runtime/serving.py) bound to a device for one (E, N, K, T):
+    grid, workspace size and the alpha = None ones; per thread a parameter buffer with the
+    templates and scalars written once, so a launch writes only the nine addresses of
+    OFFSETS_CALL_ROLES (one struct pack when their slots are contiguous, as recorded today)."""
+
+    __slots__ = ("_local", "_pack", "entry", "function", "grid", "header", "ones", "prepared",
+                 "values", "workspace_bytes")
+
+    def __init__(self, entry: KernelEntry, prepared: PreparedKernel, grid: int,
+                 workspace_bytes: int, values: dict[str, int], ones: int) -> None:
+        self.entry, self.prepared, self.grid = entry, prepared, grid
+        self.function = prepared.loaded.function
+        self.workspace_bytes = max(workspace_bytes, 1)
+        self.header = entry.tables.tensormap_workspace.header_bytes
+        self.values = values  # num_groups, rows, n, k
+        self.ones = ones
+        self._local = threading.local()
+        at = {p.operand if p.kind == "operand" else p.table: p.offset for p in entry.params
+              if p.kind in ("operand", "table")}
+        offsets = [at[r] for r in OFFSETS_CALL_ROLES]
+        if offsets == list(range(offsets[0], offsets[0] + 8 * len(offsets), 8)):
+            whole = struct.Struct(f"<{len(offsets)}Q")
+            first = offsets[0]
+            self._pack = lambda buf, vals: whole.pack_into(buf, first, *vals)
+        else:
+            one = struct.Struct("<Q")
+
+            def pack(buf: Any, vals: tuple[int, ...]) -> None:
+                for o, v in zip(offsets, vals):
+                    one.pack_into(buf, o, v)
+            self._pack = pack
+
+    def _slot(self) -> tuple[PackedParams, Any]:
+        s = getattr(self._local, "slot", None)
+        if s is None:
+            values: dict[str, Any] = dict(self.prepared.templates)
+            values.update(self.values)
+            values.update({r: 0 for r in OFFSETS_CALL_ROLES})
+            params = pack_params(self.entry.params, values)
+            config = launch.make_config(self.grid, self.entry.block, self.entry.dynamic_smem,
+                                        self.entry.cluster, self.entry.grid.cooperative)
+            s = self._local.slot = (params, config)
+        return s
+
+    def launch(self, stream: int, addresses: tuple[int, ...]) -> None:
+        """Launch on `stream` (this device's context current) with the nine addresses of
+        OFFSETS_CALL_ROLES, in that order."""
+        params, config = self._slot()
+        self._pack(params.buffer, addresses)
+        launch.launch(self.function, config, stream, params.kernel_params)
+
+
 class DeviceRuntime:
     def __init__(self, store: ArtifactStore, ordinal: int) -> None:
         self.store = store
@@ -244,6 +303,48 @@ class DeviceRuntime:
             dp.ones = self._arena.store(dp.plan.plan_tables, self.device)
             dp = self._plans.put(key, dp)
         return dp
+
+    def offsets_plan(self, entry: KernelEntry, experts: int, n: int, k: int,
+                     t: int) -> OffsetsPlan:
+        """The OffsetsPlan of a scaled_grouped_mm call on a device-offsets kernel, cached per
+        (kernel, E, N, K, T); its ones (alpha = None) live in persistent device memory."""
+        key = ("offsets", entry.name, experts, n, k, t)
+        op = self._plans.get(key)
+        if op is None:
+            from .serving import offsets_launch_facts
+
+            grid, workspace_bytes = offsets_launch_facts(entry, experts, k, t,
+                                                         self.device.sm_count)
+            ones = self._arena.store(struct.pack(f"<{experts}f", *(1.0,) * experts),
+                                     self.device)
+            op = OffsetsPlan(entry, self.prepared(entry), grid, workspace_bytes,
+                             {"num_groups": experts, "rows": t, "n": n, "k": k}, ones)
+            op = self._plans.put(key, op)
+        return op
+
+    def launch_offsets(self, op: OffsetsPlan, operands: tuple[int, ...], alpha: int) -> None:
+        """Launch `op` on this device's current stream with the call's (offs, a, b, sfa, sfb,
+        c) addresses and alpha's (0: the plan's ones). Eager launches use the stream's
+        workspace, whose zeroed header is the grid barrier; a launch under capture gets a
+        workspace from the graph's pool and a persistent zeroed barrier of its own."""
+        stream = self._stream(self.device.ordinal)
+        prev = self._enter()
+        try:
+            alpha = alpha or op.ones
+            if self._capturing(stream):
+                barrier = self._arena.store(bytes(op.header), self.device) if op.header else 0
+                ws = torch.empty(op.workspace_bytes, dtype=torch.uint8,
+                                 device=self.torch_device)
+                op.launch(stream, (*operands, ws.data_ptr(), barrier, alpha))
+                del ws  # only now may the graph's pool recycle it (stream-ordered)
+                return
+            ws = self._workspaces.get((stream, op.header))  # held until enqueued
+            if ws is None or ws[1] < op.workspace_bytes:
+                ws = self._workspace(stream, op.workspace_bytes, op.header)
+            op.launch(stream, (*operands, ws[2], ws[2], alpha))
+        finally:
+            if prev is not None:
+                cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
 
     def launch_device_tables(self, dp: DevicePlan, pointers: torch.Tensor,
                              tables: torch.Tensor, prefix_offset: int, alpha: int) -> None:

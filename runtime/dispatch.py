@@ -63,6 +63,8 @@ class KernelIndex:
         self._dynamic: dict[tuple[str, str, tuple[tuple[int, int], ...]],
                             list[tuple[KernelEntry, int | None]]] = {}
         for e in self.kernels:
+            if e.takes_offsets:
+                continue  # scaled_grouped_mm's kernels (runtime/serving.py): no host tables
             dyn = dynamic_groups(e)
             if dyn is not None:
                 nk, max_m = dyn
@@ -123,6 +125,9 @@ class KernelIndex:
 def served(e: KernelEntry) -> str:
     """What an entry serves, in words (for errors and listings)."""
     dyn = dynamic_groups(e)
+    if dyn is not None and e.takes_offsets:
+        return (f"scaled_grouped_mm only: {len(dyn[0])} experts of (n, k) = {dyn[0][0]}, "
+                "offsets on the device")
     if dyn is not None:
         nk, bound = dyn
         return f"any m{f' <= {bound}' if bound is not None else ''}, (n, k) = {list(nk)}"

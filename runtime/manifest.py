@@ -247,6 +247,13 @@ class Kernel:
         return any(p.kind == "table" and p.table == "alpha" for p in self.params)
 
     @property
+    def takes_offsets(self) -> bool:
+        """Whether the kernel derives its tables from the call's expert offsets on the device
+        (an `offs` operand parameter: Config.device_offsets, the serving contract's kernels).
+        Such a kernel serves scaled_grouped_mm only, never the list API."""
+        return any(p.kind == "operand" and p.operand == "offs" for p in self.params)
+
+    @property
     def param_bytes(self) -> int:
         return max((p.offset + p.size for p in self.params), default=0)
 
@@ -260,7 +267,7 @@ class Kernel:
 
 _DELEGATED = ("key", "family", "options", "symbol", "cubin", "sha256", "cubin_bytes", "block",
               "cluster", "dynamic_smem", "sm_count", "grid", "tile", "tables", "limits",
-              "params", "takes_alpha", "param_bytes")
+              "params", "takes_alpha", "takes_offsets", "param_bytes")
 
 
 @dataclass(frozen=True)
@@ -448,7 +455,8 @@ def _parse_param(r: _Reader) -> Param:
                 "operand": (8, 8)}.get(kind)
     if expected and (p.size, p.align) != expected:
         raise ManifestError(
-            f"{r.path}: a {kind} parameter must have size {expected[0]} and align {expected[1]}, "
+            f"{r.path}: {'an' if kind[0] in 'aeiou' else 'a'} {kind} parameter must have size "
+            f"{expected[0]} and align {expected[1]}, "
             f"but got size {p.size} and align {p.align}"
         )
     return p

@@ -40,7 +40,7 @@ import torch
 from . import validate
 from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
-from .formats import blocked_scale_numel, scale_cols
+from .formats import blocked_scale_numel, offsets_tables_bytes, scale_cols
 from .manifest import KernelEntry
 from .plan import TABLE_ALIGN, Plan, _layout, grid_size
 from .validate import (
@@ -147,7 +147,8 @@ def select_serving(kernels: tuple[KernelEntry, ...], arch: str | None, experts: 
     """The dynamic-m kernel for E groups of (N, K) writing `dtype` whose max_m admits T rows
     per expert (any routing may give one expert every row): host-known values only."""
     want = tuple((n, k) for _ in range(experts))
-    for e in kernels:
+    # Device-offsets kernels first (no host work per call), then list kernels with tables.
+    for e in sorted(kernels, key=lambda e: not e.takes_offsets):
         if e.arch != arch or e.out_dtype != dtype:
             continue
         dyn = dynamic_groups(e)
@@ -202,6 +203,17 @@ def device_tables(entry: KernelEntry, call: ServingCall, out: torch.Tensor
     return pointers, tables, offset
 
 
+def offsets_launch_facts(entry: KernelEntry, experts: int, k: int, t: int,
+                         sm_count: int) -> tuple[int, int]:
+    """(grid, workspace bytes) of a device-offsets kernel's call: every SM's CTAs (the tile
+    count depends on the routing), and a workspace of the header, each CTA's descriptor sets
+    and derived tables (runtime.formats.offsets_tables_bytes), then T rows of converted A."""
+    lay = _layout(entry)
+    grid = grid_size(entry, 2**31 - 1, sm_count)
+    return grid, (lay.header + grid * (lay.per_cta + offsets_tables_bytes(experts))
+                  + t * k * lay.a_element)
+
+
 def serving_plan(entry: KernelEntry, experts: int, n: int, k: int, t: int,
                  sm_count: int) -> Plan:
     """The launch plan of a serving call: what depends only on (kernel, E, N, K, T, device).
@@ -235,6 +247,12 @@ def scaled_grouped_mm(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, *,
         out = torch.empty((call.t, call.n), dtype=OUT_TORCH_DTYPES[call.dtype],
                           device=rt.torch_device)
     if call.t == 0:
+        return out
+    if entry.takes_offsets:
+        op = rt.offsets_plan(entry, call.experts, call.n, call.k, call.t)
+        rt.launch_offsets(op, (call.offs.data_ptr(), call.a.data_ptr(), call.b.data_ptr(),
+                               call.sfa.data_ptr(), call.sfb.data_ptr(), out.data_ptr()),
+                          call.alpha_ptr)
         return out
     dp = rt.serving_plan(entry, call.experts, call.n, call.k, call.t)
     with torch.cuda.device(call.ordinal):

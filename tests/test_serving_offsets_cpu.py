@@ -1,0 +1,180 @@
+"""CPU tests of the device-offsets kernels' host side (issue 26): the spec gives `experts:` sets
+device_offsets kernels and refuses the option elsewhere, the manifest ABI kind `operand`, the
+list API never selects such a kernel while scaled_grouped_mm prefers it, the workspace and grid
+arithmetic, and the launch (fake driver) writing exactly the nine per-call addresses. The
+kernel's own table derivation runs on the GPU only: scripts/serving_check.py."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from test_alpha_out_dtype import alpha_params
+from test_dynamic_m import dev  # noqa: F401 - the fake-driver device fixture, used by name
+from test_runtime_cpu import _params, _tma, entry
+
+from builder.errors import SpecError
+from builder.families import load_families
+from builder.spec import parse_spec_text
+from runtime.dispatch import KernelIndex, served
+from runtime.errors import ManifestError, NoKernelError
+from runtime.formats import offsets_tables_bytes
+from runtime.manifest import _parse_param, _Reader
+from runtime.serving import offsets_launch_facts, select_serving
+
+E, N, K = 4, 256, 512
+DYN = {"dynamic_m": {"groups": [[N, K]] * E, "max_m": None}}
+
+
+def offsets_params():
+    """The ABI kernels/sm90/offsets.py records (the order and kinds of a real build)."""
+    return _params(
+        [_tma(op) for op in ("b", "a", "sfb", "sfa")]
+        + [(op, "operand", 8, 8, {"operand": op}) for op in ("offs", "a", "b", "sfa", "sfb", "c")]
+        + [("tensormap_workspace", "table", 8, 8, {"table": "tensormap_workspace"}),
+           ("grid_barrier", "table", 8, 8, {"table": "grid_barrier"}),
+           ("alpha", "table", 8, 8, {"table": "alpha"})]
+        + [(v, "scalar", 4, 4, {"value": v}) for v in ("num_groups", "rows", "n", "k")])
+
+
+def offsets_entry(name: str = "ep.sm_90a.acc1.bf16", **over):
+    e, _ = entry(name, set_=name.split(".")[0], constraints=DYN, params=offsets_params(),
+                 out_dtype="bfloat16", **over)
+    return e
+
+
+# ------------------------------------------------------------------ spec
+
+
+def test_expert_sets_build_device_offsets_kernels_and_only_they_may() -> None:
+    fams = load_families()
+    head = "schema_version: 1\ndefaults: {archs: [sm_90a, sm_100a]}\nsets:\n"
+    spec = parse_spec_text(head + "  - {name: layer, experts: 8, n: 512, k: 1024}\n"
+                           "  - {name: lists, m: dynamic, groups: [[512, 1024]]}\n",
+                           "shapes.yaml", fams)
+    layer, lists = spec.sets
+    opts = {b.arch: dict(b.options) for b in layer.builds}
+    assert opts == {"sm_90a": {"device_offsets": True}, "sm_100a": {}}  # sm100 has no option
+    assert all(dict(b.options) == {} for b in lists.builds)
+    off = parse_spec_text(head + "  - {name: layer, experts: 8, n: 512, k: 1024, options: "
+                          "{sm_90a: {device_offsets: false}}}\n", "shapes.yaml", fams)
+    assert dict(off.sets[0].builds[0].options) == {"device_offsets": False}  # the set's word
+    with pytest.raises(SpecError) as info:
+        parse_spec_text(head + "  - {name: lists, m: dynamic, groups: [[512, 1024]], options: "
+                        "{sm_90a: {device_offsets: true}}}\n", "shapes.yaml", fams)
+    assert "sets[lists].options.sm_90a: device_offsets is only for expert sets (experts, n, k" \
+        in str(info.value)
+
+
+def test_device_offsets_needs_the_barrier_v3_kernel() -> None:
+    from kernels.sm90.config import Config, check
+
+    assert check(Config(device_offsets=True)) == []
+    (reason,) = check(Config(device_offsets=True, stream_a=True))
+    assert reason.startswith("device_offsets needs a_fp16: true, stream_a: false and trace: "
+                             "false")
+    assert check(Config(device_offsets=1)) == ["device_offsets must be true or false, but "
+                                                "got 1"]
+
+
+# ------------------------------------------------------------------ manifest and dispatch
+
+
+def test_operand_params_parse_and_name_the_call_tensor() -> None:
+    rec = {"name": "offs", "kind": "operand", "offset": 512, "size": 8, "align": 8,
+           "operand": "offs"}
+    p = _parse_param(_Reader(rec, "k.params[4]"))
+    assert (p.kind, p.operand, p.offset) == ("operand", "offs", 512)
+    with pytest.raises(ManifestError) as info:
+        _parse_param(_Reader({**rec, "operand": "bias"}, "k.params[4]"))
+    assert "k.params[4].operand must be one of ['a', 'b', 'sfa', 'sfb', 'c', 'offs']" in str(
+        info.value)
+    with pytest.raises(ManifestError) as info:
+        _parse_param(_Reader({**rec, "size": 4, "align": 4}, "k.params[4]"))
+    assert "an operand parameter must have size 8 and align 8" in str(info.value)
+
+
+def test_list_api_never_selects_a_device_offsets_kernel() -> None:
+    off = offsets_entry()
+    lists, _ = entry("ep.sm_90a.acc1.f16", set_="ep", constraints=DYN)
+    assert off.takes_offsets and not lists.takes_offsets
+    index = KernelIndex((off, lists))
+    shapes = tuple((7, N, K) for _ in range(E))
+    assert index.select(shapes, "sm_90a", out_dtype="float16") is lists
+    with pytest.raises(NoKernelError) as info:
+        index.select(shapes, "sm_90a", out_dtype="bfloat16")
+    assert (f"  - set 'ep' sm_90a bfloat16 (ep.sm_90a.acc1.bf16): scaled_grouped_mm only: {E} "
+            f"experts of (n, k) = ({N}, {K}), offsets on the device") in str(info.value)
+    assert served(off).startswith("scaled_grouped_mm only")
+
+
+def test_serving_prefers_the_device_offsets_kernel() -> None:
+    tables, _ = entry("lists.sm_90a.acc1.bf16", set_="lists", constraints=DYN,
+                      out_dtype="bfloat16")
+    off = offsets_entry()
+    assert select_serving((tables, off), "sm_90a", E, N, K, 64, "bfloat16") is off
+    assert select_serving((tables,), "sm_90a", E, N, K, 64, "bfloat16") is tables
+
+
+# ------------------------------------------------------------------ launch facts and launch
+
+
+def test_tables_slot_and_workspace_arithmetic() -> None:
+    assert [offsets_tables_bytes(g) for g in (1, 2, 32, 256)] == [128, 128, 2048, 15488]
+    # 60 bytes per group (5 pointers, 4 sizes, 1 prefix cell) and the total cell, 128-aligned
+    assert offsets_tables_bytes(256) == -(-(60 * 256 + 4) // 128) * 128
+    e = offsets_entry(tables={"problem_sizes": {"dtype": "int32", "columns": list("mnkl")},
+                              "pointers": {"dtype": "int64",
+                                           "columns": ["a", "b", "sfa", "sfb", "c"]},
+                              "cta_prefix": {"dtype": "int32"},
+                              "tensormap_workspace": {"bytes_per_cta": 2560, "align": 128,
+                                                      "header_bytes": 128,
+                                                      "bytes_per_a_element": 2}})
+    grid, ws = offsets_launch_facts(e, 256, 7168, 512, sm_count=132)
+    assert grid == 132
+    assert ws == 128 + 132 * (2560 + 15488) + 512 * 7168 * 2
+
+
+def test_launch_offsets_writes_the_call_addresses_eager_and_captured(dev) -> None:  # noqa: F811
+    from test_dynamic_m import TEMPLATES, FakeArena
+
+    e = offsets_entry()
+    templates = {f"tma_{op}": TEMPLATES[f"tma_{op}"] for op in ("a", "b", "sfa", "sfb")}
+    loaded = type("Loaded", (), {"function": dev.drv.real.CUfunction(0x5000)})()
+    prepared = dev.mod.PreparedKernel(loaded=loaded, templates=templates)
+    op = dev.mod.OffsetsPlan(e, prepared, 132, 4096,
+                             {"num_groups": E, "rows": 64, "n": N, "k": K}, ones=0xABC000)
+    by_role = {p.operand if p.kind == "operand" else (p.table or p.value): p for p in e.params}
+
+    def launched() -> dict[str, int]:
+        raw = op._slot()[0].raw()
+        out = {}
+        for role, p in by_role.items():
+            if p.kind in ("operand", "table"):
+                out[role] = struct.unpack_from("<Q", raw, p.offset)[0]
+            elif p.kind == "scalar":
+                out[role] = struct.unpack_from("<I", raw, p.offset)[0]
+        return out
+
+    call = (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    dev.rt.launch_offsets(op, call, 0)
+    ws = dev.rt._workspaces[(7, 0)][2]
+    assert launched() == {"offs": 0x1000, "a": 0x2000, "b": 0x3000, "sfa": 0x4000,
+                          "sfb": 0x5000, "c": 0x6000, "tensormap_workspace": ws,
+                          "grid_barrier": ws, "alpha": 0xABC000, "num_groups": E, "rows": 64,
+                          "n": N, "k": K}
+    assert dev.drv.launches[-1][0] == 7
+    dev.rt.launch_offsets(op, call, 0x1234)
+    assert launched()["alpha"] == 0x1234
+    dev.rt._arena = FakeArena()
+    dev.drv.capturing = True
+    dev.rt.launch_offsets(op, call, 0)
+    got = launched()
+    assert got["tensormap_workspace"] not in (0, ws)  # the graph pool's, not the stream's
+    assert got["alpha"] == 0xABC000 and got["offs"] == 0x1000
+    assert len(dev.drv.launches) == 3
+
+
+def test_alpha_params_fixture_is_not_an_offsets_kernel() -> None:
+    e, _ = entry(constraints=DYN, params=alpha_params())
+    assert not e.takes_offsets and e.takes_alpha
