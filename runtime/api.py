@@ -177,6 +177,9 @@ class GroupedGemm:
         self._signatures: dict[tuple[int, bool], tuple[_Signature, ...]] = {}
         self._guard_type: Any = None
         self._guard_checked = False
+        # scaled_grouped_mm's fast path (runtime/serving.py): (id(b), alpha is None, out is
+        # None) -> validated signatures, newest first
+        self._serving_signatures: dict[tuple[int, bool, bool], tuple[Any, ...]] = {}
 
     @property
     def kernels(self) -> tuple[KernelEntry, ...]:

@@ -232,10 +232,84 @@ def serving_plan(entry: KernelEntry, experts: int, n: int, k: int, t: int,
                 pointer_format=lay.pointer_format)
 
 
+SIGNATURES = 256  # fast-path signatures kept per GroupedGemm (keyed by the weights' id)
+
+
+class _Signature:
+    """A validated call on a device-offsets kernel: a later call whose tensors pass `guard`
+    (same types, dtypes, devices, shapes and strides; torch's C++ TensorGuards, the list API's
+    fast path) with the same out_dtype argument and 16-byte aligned data pointers would pass
+    check_serving and select the same kernel and plan, so it skips them."""
+
+    __slots__ = ("guard", "op", "out_dtype", "out_shape", "out_torch_dtype", "rt")
+
+    def __init__(self, **kw: Any) -> None:
+        for key, value in kw.items():
+            setattr(self, key, value)
+
+
+def _fast(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out: Any,
+          out_dtype: Any) -> torch.Tensor | None:
+    """The call launched through a matching _Signature, or None (nothing launched)."""
+    sigs = gg._serving_signatures.get((id(b), alpha is None, out is None))
+    if not sigs:
+        return None
+    tensors = (a, b, sfa, sfb, offs)
+    if out is not None:
+        tensors += (out,)
+    if alpha is not None:
+        tensors += (alpha,)
+    for sig in sigs:
+        if out_dtype is sig.out_dtype and sig.guard.check(*tensors):
+            break
+    else:
+        return None
+    pa, pb, psfa, psfb = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr()
+    if out is None:
+        out = torch.empty(sig.out_shape, dtype=sig.out_torch_dtype, device=a.device)
+    pc = out.data_ptr()
+    if (pa | pb | psfa | psfb | pc) & (ALIGN - 1):
+        return None  # the full path names the misaligned tensor
+    sig.rt.launch_offsets(sig.op, (offs.data_ptr(), pa, pb, psfa, psfb, pc),
+                          0 if alpha is None else alpha.data_ptr())
+    return out
+
+
+def _remember(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out: Any,
+              out_dtype: Any, call: ServingCall, rt: Any, op: Any,
+              result: torch.Tensor) -> None:
+    """Keep a guard for this validated device-offsets call (module docstring: host cost)."""
+    if not gg._guard_checked:  # the list API's fast path asks the same question once
+        from .api import tensor_guard_type
+
+        gg._guard_type = tensor_guard_type()
+        gg._guard_checked = True
+    guard_type = gg._guard_type
+    if guard_type is None:
+        return
+    examples = (a, b, sfa, sfb, offs)
+    if out is not None:
+        examples += (out,)
+    if alpha is not None:
+        examples += (alpha,)
+    sig = _Signature(guard=guard_type(*examples, dynamic_dims_sizes=None,
+                                      dynamic_dims_strides=None),
+                     op=op, out_dtype=out_dtype, out_shape=(call.t, call.n),
+                     out_torch_dtype=result.dtype, rt=rt)
+    table = gg._serving_signatures
+    key = (id(b), alpha is None, out is None)
+    if len(table) >= SIGNATURES and key not in table:
+        table.clear()
+    table[key] = (sig, *table.get(key, ()))[:8]  # replaced, never mutated
+
+
 def scaled_grouped_mm(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, *,
                       alpha: Any = None, out: Any = None,
                       out_dtype: Any = torch.bfloat16) -> torch.Tensor:
     """See the module docstring. Raises InputError / NoKernelError with nothing launched."""
+    fast = _fast(gg, a, b, sfa, sfb, offs, alpha, out, out_dtype)
+    if fast is not None:
+        return fast
     call = check_serving(a, b, sfa, sfb, offs, alpha, out, out_dtype)
     rt = gg._runtime(call.ordinal)  # the ordinal of a checked CUDA tensor: no device lookup
     entry = select_serving(gg.kernels, rt.arch, call.experts, call.n, call.k, call.t,
@@ -253,6 +327,7 @@ def scaled_grouped_mm(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, *,
         rt.launch_offsets(op, (call.offs.data_ptr(), call.a.data_ptr(), call.b.data_ptr(),
                                call.sfa.data_ptr(), call.sfb.data_ptr(), out.data_ptr()),
                           call.alpha_ptr)
+        _remember(gg, a, b, sfa, sfb, offs, alpha, call.out, out_dtype, call, rt, op, out)
         return out
     dp = rt.serving_plan(entry, call.experts, call.n, call.k, call.t)
     with torch.cuda.device(call.ordinal):

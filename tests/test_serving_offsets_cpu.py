@@ -178,3 +178,61 @@ def test_launch_offsets_writes_the_call_addresses_eager_and_captured(dev) -> Non
 def test_alpha_params_fixture_is_not_an_offsets_kernel() -> None:
     e, _ = entry(constraints=DYN, params=alpha_params())
     assert not e.takes_offsets and e.takes_alpha
+
+
+# ------------------------------------------------------------------ host fast path
+
+
+def test_fast_path_launches_only_for_a_matching_validated_signature() -> None:
+    import torch
+
+    from runtime import serving
+    from runtime.api import tensor_guard_type
+
+    guard_type = tensor_guard_type()
+    if guard_type is None:
+        pytest.skip("this torch has no usable TensorGuards: no fast path")
+
+    class Rt:
+        def __init__(self) -> None:
+            self.launches: list = []
+
+        def launch_offsets(self, op, operands, alpha) -> None:
+            self.launches.append((op, operands, alpha))
+
+    def tensors(t: int = 64):
+        return (torch.zeros(t, K // 2, dtype=torch.uint8),
+                torch.zeros(E, N, K // 2, dtype=torch.uint8),
+                torch.zeros(4096, dtype=torch.uint8), torch.zeros(E, 8192, dtype=torch.uint8),
+                torch.zeros(E, dtype=torch.int32))
+
+    gg = type("GG", (), {})()
+    gg._serving_signatures = {}
+    a, b, sfa, sfb, offs = tensors()
+    out = torch.empty(64, N, dtype=torch.bfloat16)
+    rt = Rt()
+    sig = serving._Signature(
+        guard=guard_type(a, b, sfa, sfb, offs, out, dynamic_dims_sizes=None,
+                         dynamic_dims_strides=None),
+        op="plan", out_dtype=torch.bfloat16, out_shape=(64, N),
+        out_torch_dtype=torch.bfloat16, rt=rt)
+    assert serving._fast(gg, a, b, sfa, sfb, offs, None, out, torch.bfloat16) is None  # none kept
+    gg._serving_signatures[(id(b), True, False)] = (sig,)
+    got = serving._fast(gg, a, b, sfa, sfb, offs, None, out, torch.bfloat16)
+    aligned = all(x.data_ptr() % 16 == 0 for x in (a, b, sfa, sfb, out))
+    if aligned:
+        assert got is out
+        assert rt.launches == [("plan", (offs.data_ptr(), a.data_ptr(), b.data_ptr(),
+                                          sfa.data_ptr(), sfb.data_ptr(), out.data_ptr()), 0)]
+    # Anything the guard or the fast checks do not vouch for takes the full path.
+    n = len(rt.launches)
+    a2 = tensors(t=65)[0]
+    assert serving._fast(gg, a2, b, sfa, sfb, offs, None, out, torch.bfloat16) is None
+    assert serving._fast(gg, a, b, sfa, sfb, offs, None, out, torch.float16) is None
+    assert serving._fast(gg, a, b, sfa, sfb, offs.to(torch.int64), None, out,
+                         torch.bfloat16) is None
+    assert serving._fast(gg, a[:, :-8].contiguous().view(64, -1), b, sfa, sfb, offs, None,
+                         out, torch.bfloat16) is None
+    bad = torch.zeros(64 * (K // 2) + 1, dtype=torch.uint8)[1:].view(64, K // 2)  # misaligned
+    assert serving._fast(gg, bad, b, sfa, sfb, offs, None, out, torch.bfloat16) is None
+    assert len(rt.launches) == n
