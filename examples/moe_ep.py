@@ -8,15 +8,17 @@ previous layer of an NVFP4 model hands them over), routes each token to its top-
 then runs three phases:
   dispatch  all_to_all_single of the packed token rows and their plain scales to the ranks that
             own the chosen experts
-  experts   gate-up GEMM and down GEMM as two grouped GEMMs through the runtime (one group per
-            local expert, m = tokens received, any m including 0: the dynamic-m kernels); in
-            between, relu(gate) * up in fp32 and requantization to NVFP4 in torch
+  experts   gate-up GEMM and down GEMM through gg.scaled_grouped_mm (the serving contract):
+            the received rows sorted by local expert, one stacked weight tensor per GEMM, and
+            the int32 expert end offsets computed on the device (no host copy of the counts;
+            runtime.nvfp4.to_blocked_grouped lays out the A scales from them); in between,
+            relu(gate) * up in fp32 and requantization to NVFP4 in torch
   combine   all_to_all_single back, then sum over the k routing slots weighted by the router
 Communication is torch.distributed's; nothing here is a communication layer of our own.
 Each phase is timed in wall-clock after a barrier (so it excludes waiting for the other ranks);
 the expert phase also reports the time between CUDA events around the two grouped GEMM calls
-(the kernels plus any runtime host work the GPU waits on: each call here has new m values), since
-the phase's wall-clock is mostly the small torch ops of the activation and requantization.
+(the kernels plus any runtime host work the GPU waits on), since the phase's wall-clock is
+mostly the small torch ops of the activation and requantization.
 
 Exactness: inputs and weights use power-of-two block scales, chosen so that every fp32 partial
 sum in both GEMMs is exact, and the requantizer also uses power-of-two scales (clamped to
@@ -25,9 +27,9 @@ fp16 values, bit for bit. The check asks for rtol = atol = 1e-3 and also reports
 The reference uses no communication: every rank can regenerate all weights and all ranks' tokens
 from the seed.
 
-The runtime must have dynamic-m kernels for E / world_size groups of (2F, D) and of (D, F); see
-the ep* sets in shapes.yaml. NCCL_NVLS_ENABLE=0 is set because NVLink multicast must stay off on
-the lent machines.
+The runtime must have expert-set kernels for E / world_size experts of (2F, D) and of (D, F);
+see the ep_e* sets in shapes.yaml. NCCL_NVLS_ENABLE=0 is set because NVLink multicast must
+stay off on the lent machines.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from runtime.nvfp4 import (
     fp4_to_float,
     pack_fp4,
     to_blocked,
+    to_blocked_grouped,
 )
 
 E, D, F, TOP_K = 8, 1024, 512, 2  # experts, hidden, ffn (gate and up are F each), slots
@@ -179,33 +182,36 @@ def moe_layer(p: Problem, gg: runtime.GroupedGemm, rank: int, world: int,
 
     events: list = []
 
-    def gemm(*args):
+    def gemm(a, b, sfa, sfb, offs):
         # GPU-timeline span of the grouped GEMM calls alone, apart from the torch work around them.
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        y = gg.grouped_gemm(*args)
+        y = gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out_dtype=torch.float16)
         end.record()
         events.append((start, end))
         return y
+
+    def stacked(ws: list[Nvfp4]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One (E_local, N, K/2) weight tensor and its (E_local, blocked) scales."""
+        return (torch.stack([w.packed for w in ws]),
+                torch.stack([to_blocked(w.scales.view(torch.float8_e4m3fn)) for w in ws]))
 
     def experts():
         packed, scales = recv[:, : D // 2], recv[:, D // 2 : D // 2 + D // SF_VEC]
         expert = recv[:, -1].long() - rank * local
         by_expert = torch.argsort(expert, stable=True)
-        counts = torch.bincount(expert, minlength=local).tolist()
-        idx = torch.split(by_expert, counts)
-        a = [packed[i].contiguous() for i in idx]
-        sfa = [to_blocked(scales[i].view(torch.float8_e4m3fn)) for i in idx]
-        w1 = [p.w1[rank * local + e] for e in range(local)]
-        w2 = [p.w2[rank * local + e] for e in range(local)]
-        h = gemm(a, [w.packed for w in w1], sfa,
-                            [to_blocked(w.scales.view(torch.float8_e4m3fn)) for w in w1])
-        acts = [quantize_pow2(activation(hi)) for hi in h]
-        y = gemm([q.packed for q in acts], [w.packed for w in w2],
-                            [to_blocked(q.scales.view(torch.float8_e4m3fn)) for q in acts],
-                            [to_blocked(w.scales.view(torch.float8_e4m3fn)) for w in w2])
+        # Expert end offsets, on the device: nothing of the routing goes to the host.
+        offs = torch.cumsum(torch.bincount(expert, minlength=local), 0).to(torch.int32)
+        a = packed[by_expert].contiguous()
+        sfa = to_blocked_grouped(scales[by_expert].view(torch.float8_e4m3fn), offs)
+        b1, sfb1 = stacked([p.w1[rank * local + e] for e in range(local)])
+        b2, sfb2 = stacked([p.w2[rank * local + e] for e in range(local)])
+        h = gemm(a, b1, sfa, sfb1, offs)  # (rows, 2F), rows still grouped by expert
+        act = quantize_pow2(activation(h))
+        y = gemm(act.packed, b2, to_blocked_grouped(act.scales.view(torch.float8_e4m3fn), offs),
+                 sfb2, offs)
         out = torch.empty(recv.shape[0], D, dtype=torch.float16, device=dev)
-        out[by_expert] = torch.cat(y) if y else out[:0]
+        out[by_expert] = y
         return out
 
     y_recv = timed(experts, timings, "experts_us")

@@ -213,6 +213,39 @@ def to_blocked(scales: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
     return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
 
 
+def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """scaled_grouped_mm's `sfa` from plain scales (T, K // 16) of rows grouped by expert
+    (expert g owns rows offs[g-1] .. offs[g], int32 end offsets): the blocked layout with each
+    expert's rows padded to 128, in a 1-D buffer of round_up(T, 128) + 128 * E blocked rows
+    (room for any routing, as runtime/serving.py asks).
+
+    Torch ops only, and none reads offs on the host: no sync, so it runs under CUDA-graph
+    capture with the routing of each step. Rows past offs[-1] are dropped; the offsets are
+    clamped and made non-decreasing as the kernels do."""
+    s = as_uint8(scales, "scales")
+    if s.dim() != 2 or s.shape[1] == 0:
+        raise InputError(f"scales must be 2-D (T, K // 16), but got shape {tuple(s.shape)}")
+    if offs.dim() != 1 or offs.numel() == 0:
+        raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
+    t, cols = s.shape
+    experts = offs.numel()
+    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    padded = (ends - starts + 127) // 128 * 128
+    padded_start = torch.cumsum(padded, 0) - padded
+    rows = torch.arange(t, device=s.device)
+    g = torch.searchsorted(ends, rows, right=True)  # E for rows past offs[-1]
+    gc = g.clamp(max=experts - 1)
+    total = -(-t // 128) * 128 + 128 * experts
+    # Dropped rows go to one spare row past the buffer, cut off below (no boolean indexing:
+    # that would sync).
+    dest = torch.where(g < experts, padded_start[gc] + rows - starts[gc], total)
+    plain = torch.zeros(total + 1, cols, dtype=torch.uint8, device=s.device)
+    plain[dest] = s
+    blocked = to_blocked(plain[:total])
+    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+
+
 def from_blocked(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
     """Exact inverse of `to_blocked`: blocked 1-D scales -> plain (rows, K // 16), padding
     dropped."""

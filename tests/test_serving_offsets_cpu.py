@@ -236,3 +236,44 @@ def test_fast_path_launches_only_for_a_matching_validated_signature() -> None:
     bad = torch.zeros(64 * (K // 2) + 1, dtype=torch.uint8)[1:].view(64, K // 2)  # misaligned
     assert serving._fast(gg, bad, b, sfa, sfb, offs, None, out, torch.bfloat16) is None
     assert len(rt.launches) == n
+
+
+# ------------------------------------------------------------------ the sfa helper
+
+
+@pytest.mark.parametrize("counts", [[5, 0, 130, 1], [0, 0, 0, 0], [300, 0, 0, 0], [1, 2, 3, 4]])
+def test_to_blocked_grouped_matches_per_expert_blocks_at_torch_offsets(counts) -> None:
+    import torch
+
+    from runtime.formats import scale_cols
+    from runtime.nvfp4 import to_blocked, to_blocked_grouped
+    from runtime.serving import sfa_rows_needed
+
+    t, k = 320, 512
+    gen = torch.Generator().manual_seed(sum(counts))
+    plain = torch.randint(1, 255, (t, k // 16), dtype=torch.uint8, generator=gen)
+    offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+    got = to_blocked_grouped(plain.view(torch.float8_e4m3fn), offs)
+    assert got.dtype == torch.float8_e4m3fn
+    got = got.view(torch.uint8)
+    cols = scale_cols(k)
+    want = torch.zeros(sfa_rows_needed(t, len(counts)) * cols, dtype=torch.uint8)
+    row = srow = 0
+    for m in counts:  # expert g's scales start at row sum_{i<g} round_up(m_i, 128)
+        if m:
+            blk = to_blocked(plain[row:row + m])
+            want[srow * cols:srow * cols + blk.numel()] = blk
+        row += m
+        srow += -(-m // 128) * 128
+    assert torch.equal(got, want)
+
+
+def test_to_blocked_grouped_clamps_bad_offsets() -> None:
+    import torch
+
+    from runtime.nvfp4 import to_blocked_grouped
+
+    plain = torch.ones(64, 32, dtype=torch.uint8)
+    bad = to_blocked_grouped(plain, torch.tensor([40, 10, 500, -3], dtype=torch.int32))
+    fixed = to_blocked_grouped(plain, torch.tensor([40, 40, 64, 64], dtype=torch.int32))
+    assert torch.equal(bad, fixed)
