@@ -152,8 +152,16 @@ def select_serving(kernels: tuple[KernelEntry, ...], arch: str | None, experts: 
     """The dynamic-m kernel for E groups of (N, K) writing `dtype` whose max_m admits T rows
     per expert (any routing may give one expert every row): host-known values only."""
     want = tuple((n, k) for _ in range(experts))
-    # Device-offsets kernels first (no host work per call), then list kernels with tables.
-    for e in sorted(kernels, key=lambda e: not e.takes_offsets):
+
+    def preference(e: KernelEntry) -> tuple[bool, float]:
+        # Device-offsets kernels first (no host work per call), then list kernels with tables;
+        # among them the smallest bound on T that covers the call: a set declared with a small
+        # max_m (a decode kernel, e.g. a small tile_m) serves the calls it was built for.
+        dyn = dynamic_groups(e)
+        bound = dyn[1] if dyn is not None and dyn[1] is not None else float("inf")
+        return (not e.takes_offsets, bound)
+
+    for e in sorted(kernels, key=preference):
         if e.arch != arch or e.out_dtype != dtype:
             continue
         dyn = dynamic_groups(e)

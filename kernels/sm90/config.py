@@ -23,10 +23,13 @@ ACC_STAGES = (1,)
 # MMA rows: moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664,
 # 86.0 -> 78.8 us (bench/RESULTS.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
 # aborts the process compiling 88, 104 or 120.
-TILE_MS = (64, 80, 96, 112, 128, 256)
+# 16 and 32 (issue 27, decode): at a few tokens per expert a 64-row tile multiplies mostly
+# padding; the wgmma N shrinks with the tile (a_fp16 only: the v2 path was never measured so).
+TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
 # tile_m values that do not divide 128: a v2 tile (a_fp16 false) reads its A scales from one
 # 128-row block, which such a tile can cross.
 TILE_MS_STAGED_ONLY = (80, 96, 112)
+TILE_MS_SMALL = (16, 32)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
 # warpgroups, a_fp16 only) runs 1.5x the converting warps at once, each still converting 64 rows
 # for its own m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
@@ -229,6 +232,9 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_m 256 needs a_fp16: true and tile_n 128 (two consumer "
                        f"warpgroups hold its accumulator), but got a_fp16 {config.a_fp16!r} "
                        f"and tile_n {config.tile_n!r}")
+    if config.tile_m in TILE_MS_SMALL and config.a_fp16 is False:
+        reasons.append(f"tile_m {config.tile_m} needs a_fp16: true (the decode tiles are built "
+                       "on the staged-A kernel only)")
     if config.tile_m in TILE_MS_STAGED_ONLY and config.a_fp16 is False:
         reasons.append(f"tile_m {config.tile_m} needs a_fp16: true (a v2 tile reads its A "
                        "scales from one 128-row block, which this tile_m does not divide)")
