@@ -119,8 +119,10 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A produc
     ({"tile_m": 256, **V2},
      "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
      "accumulator), but got a_fp16 False and tile_n 128"),
-    ({"tile_m": 104}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 104"),
-    ({"tile_m": 32}, "tile_m must be one of [64, 80, 96, 112, 128, 256], but got 32"),
+    ({"tile_m": 104}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 104"),
+    ({"tile_m": 24}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 24"),
+    ({"tile_m": 32, **V2},
+     "tile_m 32 needs a_fp16: true (the decode tiles are built on the staged-A kernel only)"),
     ({"tile_m": 112, **V2},
      "tile_m 112 needs a_fp16: true (a v2 tile reads its A scales from one 128-row block, "
      "which this tile_m does not divide)"),
