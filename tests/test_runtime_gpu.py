@@ -27,7 +27,7 @@ from runtime.dispatch import dynamic_groups, exact_groups
 from runtime.errors import ArtifactError, InputError, NoKernelError
 from runtime.manifest import KernelEntry
 from runtime.nvfp4 import reference_grouped_gemm
-from runtime.validate import blocked_scale_numel
+from runtime.validate import OUT_TORCH_DTYPES, blocked_scale_numel
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("NVFP4_ARTIFACTS", REPO / "artifacts"))
@@ -47,15 +47,43 @@ def gg() -> runtime.GroupedGemm:
     return runtime.load(ARTIFACTS)
 
 
+def nk_cost(e: KernelEntry) -> int:
+    """sum(n * k) over an entry's groups: its weight bytes, what an input set of it costs."""
+    dyn = dynamic_groups(e)
+    return sum(n * k for n, k in dyn[0]) if dyn is not None else sum(
+        n * k for _, n, k in exact_groups(e))
+
+
+def once_per_kernel(entries: list[KernelEntry]) -> list[KernelEntry]:
+    """Each distinct kernel (e.kernel.key) once, through its cheapest set entry (the least
+    sum(n * k); the first by name on a tie), in name order. Sets of one kernel share its cubin
+    and code; the model expert layers (E = 256 of (4096, 7168)) are GBs of inputs per call."""
+    best: dict[str, KernelEntry] = {}
+    for e in entries:
+        cur = best.get(e.kernel.key)
+        if cur is None or nk_cost(e) < nk_cost(cur):
+            best[e.kernel.key] = e
+    return sorted(best.values(), key=lambda e: e.name)
+
+
 @pytest.fixture(scope="module")
 def entries(gg: runtime.GroupedGemm) -> list[KernelEntry]:
-    # The fp16 kernels: these tests call with fp16 outputs. Every bf16 kernel is checked bit
-    # for bit by scripts/gpu_checks.py, and through every launch path by the alpha test below.
+    # The fp16 kernels the list API serves: these tests call grouped_gemm with fp16 outputs.
+    # Every bf16 kernel is checked bit for bit by scripts/gpu_checks.py, and through every
+    # launch path by the alpha test below. Device-offsets kernels (the expert layers' sets on
+    # sm_90a) serve scaled_grouped_mm only: test_every_offsets_kernel_* below.
     arch = gg.device_runtime(0).arch
-    found = [e for e in gg.kernels if e.arch == arch and e.out_dtype == "float16"]
+    found = [e for e in gg.kernels if e.arch == arch and e.out_dtype == "float16"
+             and not e.takes_offsets]
     if not found:
         pytest.skip(f"no kernel in {ARTIFACTS} targets this GPU ({arch})")
     return found
+
+
+@pytest.fixture(scope="module")
+def every_kernel(entries: list[KernelEntry]) -> list[KernelEntry]:
+    """The distinct fp16 list-API kernels, each through its cheapest set entry."""
+    return once_per_kernel(entries)
 
 
 def shapes_for(e: KernelEntry, rng: random.Random) -> tuple[tuple[int, int, int], ...]:
@@ -67,20 +95,62 @@ def shapes_for(e: KernelEntry, rng: random.Random) -> tuple[tuple[int, int, int]
     return tuple((rng.choice([0, 1, 7, rng.randint(0, top)]), n, k) for n, k in nk)
 
 
+def random_bytes(numel: int, gen: torch.Generator) -> torch.Tensor:
+    """Random uint8 on the generator's device: fp4 bytes (every byte is two e2m1 codes)."""
+    return torch.randint(0, 256, (numel,), dtype=torch.uint8, generator=gen, device=gen.device)
+
+
+def random_scales(numel: int, gen: torch.Generator) -> torch.Tensor:
+    """e4m3 scales of 1.0 or 2.0: random, and no sum overflows fp16 at these shapes."""
+    one_two = E4M3_ONE_TWO.to(gen.device)
+    idx = torch.randint(0, 2, (numel,), generator=gen, device=gen.device)
+    return one_two[idx].view(torch.float8_e4m3fn)
+
+
 def make_inputs(shapes, device, seed: int):
-    gen = torch.Generator().manual_seed(seed)
+    """Random operands for (m, n, k) per group, drawn on `device` (a CPU draw of the weights
+    cost seconds per set: bench_large is 150 MB a call)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
     a, b, sfa, sfb = [], [], [], []
     for m, n, k in shapes:
-        a.append(torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, generator=gen))
-        b.append(torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen))
-        for rows, dst in ((m, sfa), (n, sfb)):
-            idx = torch.randint(0, 2, (blocked_scale_numel(rows, k),), generator=gen)
-            dst.append(E4M3_ONE_TWO[idx])
-    a = [t.to(device).view(FP4) for t in a]
-    b = [t.to(device).view(FP4) for t in b]
-    sfa = [t.to(device).view(torch.float8_e4m3fn) for t in sfa]
-    sfb = [t.to(device).view(torch.float8_e4m3fn) for t in sfb]
+        a.append(random_bytes(m * k // 2, gen).view(m, k // 2).view(FP4))
+        b.append(random_bytes(n * k // 2, gen).view(n, k // 2).view(FP4))
+        sfa.append(random_scales(blocked_scale_numel(m, k), gen))
+        sfb.append(random_scales(blocked_scale_numel(n, k), gen))
     return a, b, sfa, sfb
+
+
+def serving_inputs(e: KernelEntry, counts: list[int], device, seed: int, pad: int = 0):
+    """(a, b, sfa, sfb, offs) of a scaled_grouped_mm call on entry e's layer (E identical
+    (n, k) groups) with counts[g] rows for expert g and `pad` rows past offs[-1]: random
+    bytes, scales 1.0 or 2.0, sfa with room for any routing (runtime.serving.sfa_rows_needed)."""
+    from runtime.formats import scale_cols
+    from runtime.serving import sfa_rows_needed
+
+    nk, _ = dynamic_groups(e)
+    experts, (n, k) = len(nk), nk[0]
+    t = sum(counts) + pad
+    gen = torch.Generator(device=device).manual_seed(seed)
+    a = random_bytes(t * k // 2, gen).view(t, k // 2).view(FP4)
+    b = random_bytes(experts * n * k // 2, gen).view(experts, n, k // 2).view(FP4)
+    sfa = random_scales(sfa_rows_needed(t, experts) * scale_cols(k), gen)
+    sfb = random_scales(experts * blocked_scale_numel(n, k), gen).view(experts, -1)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).to(device)
+    return a, b, sfa, sfb, offs
+
+
+def launch_once(gg: runtime.GroupedGemm, e: KernelEntry, seed: int = 0) -> None:
+    """One call served by entry e in its output type: the list API, or scaled_grouped_mm for a
+    device-offsets kernel (for the no-cutlass subprocess)."""
+    dtype = OUT_TORCH_DTYPES[e.out_dtype]
+    if e.takes_offsets:
+        experts = len(dynamic_groups(e)[0])
+        gg.scaled_grouped_mm(*serving_inputs(e, [(7 * g) % 40 for g in range(experts)],
+                                             "cuda", seed), out_dtype=dtype)
+        return
+    shapes = shapes_for(e, random.Random(seed))
+    assert gg.select(shapes, out_dtype=dtype).kernel.key == e.kernel.key, e.name
+    gg.grouped_gemm(*make_inputs(shapes, "cuda", seed), out_dtype=dtype)
 
 
 def poisoned(shapes, device):
@@ -151,10 +221,11 @@ def test_kernel_for_another_arch_is_refused(gg, entries) -> None:
 # ------------------------------------------------------------------ launching
 
 
-def test_every_kernel_writes_every_output_deterministically(gg, entries) -> None:
+def test_every_kernel_writes_every_output_deterministically(gg, every_kernel) -> None:
     rng = random.Random(0)
-    for e in entries:
+    for e in every_kernel:
         shapes = shapes_for(e, rng)
+        assert gg.select(shapes).kernel.key == e.kernel.key, e.name
         a, b, sfa, sfb = make_inputs(shapes, "cuda", seed=1)
         out1 = gg.grouped_gemm(a, b, sfa, sfb, out=poisoned(shapes, "cuda"))
         out2 = gg.grouped_gemm(a, b, sfa, sfb)
@@ -162,6 +233,31 @@ def test_every_kernel_writes_every_output_deterministically(gg, entries) -> None
         for g, c in enumerate(out1):
             assert not c.isnan().any(), f"{e.name}: out[{g}] has unwritten (NaN) elements"
         assert same_bits(out1, out2), e.name
+
+
+def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
+    """Each device-offsets kernel (scaled_grouped_mm only), through its cheapest set entry, in
+    its output type: a routing with empty experts and rows past offs[-1]; every row of an
+    expert written (no NaN left), the rows past offs[-1] untouched, the same bits twice."""
+    arch = gg.device_runtime(0).arch
+    kernels = once_per_kernel([e for e in gg.kernels if e.arch == arch and e.takes_offsets])
+    if not kernels:
+        pytest.skip(f"no device-offsets kernel in {ARTIFACTS} for this GPU ({arch})")
+    for e in kernels:
+        experts = len(dynamic_groups(e)[0])
+        counts = [(0, 1, 37, 130, 0, 5)[g % 6] for g in range(experts)]
+        a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=3, pad=19)
+        t, used = a.shape[0], sum(counts)
+        dtype = OUT_TORCH_DTYPES[e.out_dtype]
+        outs = []
+        for _ in range(2):
+            out = torch.full((t, b.shape[1]), float("nan"), dtype=dtype, device="cuda")
+            outs.append(gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out=out))
+        torch.cuda.synchronize()
+        assert not outs[0][:used].isnan().any(), f"{e.name}: unwritten (NaN) rows"
+        assert outs[0][used:].isnan().all(), f"{e.name}: rows past offs[-1] were written"
+        assert torch.equal(outs[0][:used].view(torch.int16), outs[1][:used].view(torch.int16)), \
+            e.name
 
 
 def test_toy_kernel_values(gg, entries) -> None:
@@ -192,16 +288,16 @@ def test_toy_kernel_values(gg, entries) -> None:
 
 
 def test_launch_imports_no_cutlass() -> None:
+    """Every distinct kernel of this GPU's arch (both output types, device-offsets kernels
+    through scaled_grouped_mm) launched in a fresh process: no cutlass module is imported."""
     code = f"""
 import sys, torch, runtime
 sys.path.insert(0, {str(REPO / 'tests')!r})
-from test_runtime_gpu import make_inputs, shapes_for
-import random
+from test_runtime_gpu import launch_once, once_per_kernel
 gg = runtime.load({str(ARTIFACTS)!r})
 arch = gg.device_runtime(0).arch
-for e in [e for e in gg.kernels if e.arch == arch]:
-    shapes = shapes_for(e, random.Random(0))
-    gg.grouped_gemm(*make_inputs(shapes, "cuda", 0))
+for e in once_per_kernel([e for e in gg.kernels if e.arch == arch]):
+    launch_once(gg, e)
 torch.cuda.synchronize()
 bad = [m for m in sys.modules if m == "cutlass" or m.startswith("cutlass.")]
 assert not bad, bad
@@ -328,7 +424,7 @@ def test_threads_and_streams_do_not_share_launch_state(gg, entries) -> None:
 def test_second_device_launches_there(gg, entries) -> None:
     shapes = shapes_for(entries[0], random.Random(5))
     args0 = make_inputs(shapes, "cuda:0", 7)
-    args1 = make_inputs(shapes, "cuda:1", 7)
+    args1 = tuple([t.to("cuda:1") for t in part] for part in args0)
     expect = gg.grouped_gemm(*args0)
     assert torch.cuda.current_device() == 0
     got = gg.grouped_gemm(*args1)
@@ -599,7 +695,7 @@ def test_alpha_and_bf16_through_every_launch_path(gg, entries) -> None:
     products exact, so every result must equal the float64 reference rounded to bf16."""
     arch = gg.device_runtime(0).arch
     bf16 = [e for e in gg.kernels if e.arch == arch and e.out_dtype == "bfloat16"
-            and e.takes_alpha]
+            and e.takes_alpha and not e.takes_offsets]
     if not bf16:
         pytest.skip("no bf16 kernel with alpha built")
     e = small_entry(bf16)
