@@ -1,0 +1,391 @@
+"""Model benchmark (issues 26 and 27): the expert layers of real models through
+gg.scaled_grouped_mm, side by side with what a user would run instead, in one process.
+
+    PYTHONPATH=. python bench/bench_models.py --artifacts artifacts [--tokens 64 2048 ...]
+        [--topk 8] [--only SET ...] [--all-layers] [--out-dtype bf16] [--reps 100] [--json F]
+
+Cases: each expert-layer set entry (dynamic m, E identical (n, k) groups) for this GPU and
+output type, by default the model layers shapes.yaml declares with `experts:` (--all-layers:
+every such set), at each T of --tokens: T tokens routed top-k (k = min(--topk, E)) over E
+experts of skewed popularity (fixed seed), T * k rows sorted by expert, T capped by what the
+kernel serves (rows <= max_m, rows * N < 2^31). Timed in one process on the same values:
+  ours    gg.scaled_grouped_mm, offsets on the device, in a CUDA graph
+  grp_mm  torch._grouped_mm bf16, device offsets, on pre-dequantized bf16 copies
+  cublas  torch.mm per expert with tokens (host-known counts) on the bf16 copies
+  fp8     torch._scaled_grouped_mm row-wise on e4m3 copies (exact: the values fit), scales 1;
+          "n/a" where it does not run
+  floors  fp4 bytes (weights + scales of the experts with tokens, A + scales, C) at the run's
+          copy bandwidth through the SMs (sm_copy_gbs); FLOPs at its bf16 matmul rate
+          (bench_grouped.measure_ceilings)
+Protocol as bench_grouped (bench/RESULTS.md): graphs replayed in rotation over >= 4 input sets
+(> 3x L2 together), CUDA-event medians, a spin kernel holding the GPU while replays are
+enqueued. EXACT_DATA values (every fp32 sum exact): our output must equal torch._grouped_mm's
+bit for bit, and the float64 reference on two experts: "exact", "close" (1e-2) or "MISMATCH"
+(with --out-dtype f16 the baselines stay bf16: "close" at best).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import random
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
+    sys.path.insert(0, str(p))
+
+from bench_grouped import L2_BYTES, capture, measure_ceilings, time_graphs
+from serving_check import Weights as DrawnWeights
+from serving_check import draw_nvfp4, padded_blocked_scales
+
+import runtime
+from runtime.dispatch import dynamic_groups
+from runtime.formats import MN_LIMIT, blocked_scale_numel, scale_cols
+from runtime.nvfp4 import EXACT_DATA, check_close, dequantize_nvfp4, from_blocked
+from runtime.nvfp4 import reference_grouped_gemm as reference
+from runtime.serving import select_serving, sfa_rows_needed
+from runtime.validate import OUT_TORCH_DTYPES
+
+DEFAULT_TOKENS = (64, 128, 256, 512, 2048, 4096, 16384)
+OUT = {"bf16": "bfloat16", "f16": "float16"}  # --out-dtype: manifest names
+
+# ------------------------------------------------------------------ planning (CPU-tested)
+
+
+@dataclass(frozen=True)
+class Layer:
+    entry: str  # the set entry's name
+    set: str
+    experts: int
+    n: int
+    k: int
+    max_m: int | None
+
+
+@dataclass(frozen=True)
+class Case:
+    layer: Layer
+    tokens: int
+    topk: int
+    rows: int
+
+
+def model_sets(spec: Path = ROOT / "shapes.yaml") -> list[str]:
+    """The sets a shapes.yaml declares as model expert layers (`experts: E, n, k`)."""
+    return [s["name"] for s in yaml.safe_load(spec.read_text())["sets"] if "experts" in s]
+
+
+def expert_layers(entries: Any, arch: str, out_dtype: str,
+                  sets: list[str] | None = None) -> list[Layer]:
+    """Entries of `arch` and `out_dtype` that are expert layers (dynamic m, E >= 2 identical
+    (n, k) groups), of `sets` when given, in manifest order."""
+    out = []
+    for e in entries:
+        dyn = dynamic_groups(e)
+        if (e.arch != arch or e.out_dtype != out_dtype or dyn is None or len(dyn[0]) < 2
+                or len(set(dyn[0])) != 1 or (sets is not None and e.set not in sets)):
+            continue
+        out.append(Layer(e.name, e.set, len(dyn[0]), *dyn[0][0], dyn[1]))
+    return out
+
+
+def max_rows(layer: Layer) -> int:
+    """Rows a call may have: <= max_m (a routing may give one expert all), rows * N < 2^31."""
+    cap = (MN_LIMIT - 1) // layer.n
+    return cap if layer.max_m is None else min(cap, layer.max_m)
+
+
+def plan_cases(layers: list[Layer], tokens: list[int], topk: int) -> list[Case]:
+    """(layer, tokens, k, rows) per layer and token count: k = min(topk, E), tokens capped so
+    that rows = tokens * k fits max_rows; a capped duplicate is dropped."""
+    cases = []
+    for layer in layers:
+        k = min(topk, layer.experts)
+        seen = set()
+        for t in tokens:
+            t = min(t, max_rows(layer) // k)
+            if t > 0 and t not in seen:
+                seen.add(t)
+                cases.append(Case(layer, t, k, t * k))
+    return cases
+
+
+def route(tokens: int, experts: int, topk: int, seed: int, skew: float = 1.0) -> list[int]:
+    """Rows per expert when each token picks `topk` distinct experts, each drawn with a
+    popularity weight exp(skew * N(0, 1)) fixed per expert (random.Random(seed): the same
+    counts everywhere)."""
+    rng = random.Random(seed)
+    cum = list(itertools.accumulate(rng.lognormvariate(0.0, skew) for _ in range(experts)))
+    counts = [0] * experts
+    ids = range(experts)
+    for _ in range(tokens):
+        if topk >= experts:
+            chosen: set[int] = set(ids)
+        else:
+            chosen = set()
+            while len(chosen) < topk:
+                chosen.add(rng.choices(ids, cum_weights=cum)[0])
+        for g in chosen:
+            counts[g] += 1
+    return counts
+
+
+def fp4_bytes(counts: list[int], n: int, k: int, out_bytes: int = 2) -> int:
+    """Bytes a call must move at least: each expert with tokens' packed weights and blocked
+    scales, every row's packed A and scales, and C."""
+    rows, hit = sum(counts), sum(1 for c in counts if c)
+    return hit * (n * k // 2 + blocked_scale_numel(n, k)) + rows * (k // 2 + k // 16) + \
+        rows * n * out_bytes
+
+
+def mma_flops(counts: list[int], n: int, k: int) -> int:
+    return 2 * sum(counts) * n * k  # padding rows aside
+
+
+def layer_weight_bytes(layer: Layer) -> int:
+    """Packed weights and blocked scales of all E experts."""
+    return layer.experts * (layer.n * layer.k // 2 + blocked_scale_numel(layer.n, layer.k))
+
+
+def weight_sets(weight_bytes: int) -> int:
+    """Weight copies in the rotation: > 3x L2 together, at most 16 (one E = 256 copy: 4 GB)."""
+    return min(16, max(1, math.ceil(3 * L2_BYTES / weight_bytes)))
+
+
+def input_sets(weight_bytes: int, act_bytes: int) -> int:
+    """Input sets in the rotation (set i uses weight copy i % weight_sets): >= 4, >= the weight
+    copies, > 3x L2 in activations alone, at most 16."""
+    return min(16, max(4, weight_sets(weight_bytes), math.ceil(3 * L2_BYTES / max(1, act_bytes))))
+
+
+def verdict(exact: bool, close: bool) -> str:
+    return "exact" if exact else "close" if close else "MISMATCH"
+
+
+# ------------------------------------------------------------------ GPU work
+
+
+def sm_copy_gbs() -> float:
+    """Device copy bandwidth in GB/s (read + write) through the SMs: 1 GiB of int32 copied by an
+    elementwise kernel in a graph. bench_grouped's copy_ in a graph becomes a memcpy node that
+    the copy engines run: 2.77 TB/s on the H200 against 4.24 through the SMs (2026-12-04)."""
+    src = torch.empty(2**28, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * 2**30 / time_graphs([capture(lambda: torch.bitwise_not(src, out=dst))], 30) / 1e3
+
+
+def dequant_rows(packed: torch.Tensor, plain: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """bf16 of NVFP4 rows (exact), in chunks (the float32 temporary of 131072 x 7168 is 4 GB)."""
+    out = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.bfloat16,
+                      device=packed.device)
+    for i in range(0, packed.shape[0], chunk):
+        out[i:i + chunk] = dequantize_nvfp4(packed[i:i + chunk], plain[i:i + chunk])
+    return out
+
+
+class Weights:
+    """One copy of a layer's weights: fp4 b (E, N, K/2) and blocked sfb (serving_check's draw),
+    a bf16 copy (E, N, K) and, once asked for, an e4m3 copy."""
+
+    def __init__(self, layer: Layer, seed: int) -> None:
+        w = DrawnWeights(layer.experts, layer.n, layer.k, seed=seed)
+        self.b, self.sfb, self.fp8 = w.b, w.sfb, None
+        self.bf16 = torch.empty(*w.b.shape[:2], layer.k, dtype=torch.bfloat16, device="cuda")
+        for g in range(layer.experts):
+            self.bf16[g] = dequant_rows(w.b[g], from_blocked(w.sfb[g], layer.n, layer.k))
+
+
+def make_inputs(layer: Layer, counts: list[int], seed: int) -> dict:
+    """One input set's tokens: fp4 a, sfa in torch's padded 2D x 3D layout, a bf16 copy."""
+    rows = sum(counts)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a, s = draw_nvfp4(rows, layer.k, gen, EXACT_DATA["scale_exp"])
+    sfa = torch.zeros(sfa_rows_needed(rows, layer.experts) * scale_cols(layer.k),
+                      dtype=torch.uint8, device="cuda")
+    blocked = padded_blocked_scales(s.view(torch.uint8), counts)
+    sfa[:blocked.numel()] = blocked
+    return {"a": a, "sfa": sfa, "bf16": dequant_rows(a, s)}
+
+
+def reference_ok(out: torch.Tensor, w: Weights, inp: dict, counts: list[int],
+                 layer: Layer) -> tuple[bool, int]:
+    """out's rows of the first and the busiest expert against the float64 reference rounded
+    to out's type: (all equal, experts checked)."""
+    cols, starts = scale_cols(layer.k), [0, *itertools.accumulate(counts)]
+    srows = [0, *itertools.accumulate(-(-m // 128) * 128 for m in counts)]
+    hit = [g for g, m in enumerate(counts) if m]
+    picked = sorted({hit[0], max(hit, key=lambda g: counts[g])}) if hit else []
+    for g in picked:
+        s, m = starts[g], counts[g]
+        ref = reference([inp["a"][s:s + m]], [w.b[g]],
+                        [inp["sfa"][srows[g] * cols:srows[g + 1] * cols]], [w.sfb[g]],
+                        [(m, layer.n, layer.k)], out_dtype=out.dtype)
+        if not torch.equal(out[s:s + m], ref[0]):
+            return False, len(picked)
+    return True, len(picked)
+
+
+def same_and_close(x: torch.Tensor, y: torch.Tensor, chunk: int = 8192) -> tuple[bool, bool]:
+    """(bit-identical, close at rtol = atol = 1e-2), compared in row chunks (float64 copies of
+    a 131072 x 4096 output would be 4 GB each)."""
+    if torch.equal(x, y):
+        return True, True
+    return False, all(check_close(x[i:i + chunk].double(), y[i:i + chunk].double(),
+                                  rtol=1e-2, atol=1e-2)[0] for i in range(0, len(x), chunk))
+
+
+def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float, float],
+               out_name: str, reps: int, seed: int) -> dict:
+    layer, (tflops, gbs), dtype = case.layer, ceilings, OUT_TORCH_DTYPES[out_name]
+    rows, n, k = case.rows, layer.n, layer.k
+    counts = route(case.tokens, layer.experts, case.topk, seed)
+    n_sets = input_sets(layer_weight_bytes(layer), rows * (k // 2 + k // 16))
+    inputs = [make_inputs(layer, counts, seed * 100 + i) for i in range(n_sets)]
+    w_of = [wsets[i % len(wsets)] for i in range(n_sets)]
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    row: dict[str, Any] = {
+        **asdict(case.layer), "tokens": case.tokens, "topk": case.topk, "rows": rows,
+        "input_sets": n_sets, "weight_sets": len(wsets), "experts_hit": sum(map(bool, counts)),
+        "max_per_expert": max(counts), "counts": counts,
+        "fp4_floor_us": fp4_bytes(counts, n, k, dtype.itemsize) / (gbs * 1e3),
+        "mma_floor_us": mma_flops(counts, n, k) / (tflops * 1e6),
+        "kernel": select_serving(gg.kernels, gg.device_runtime().arch, layer.experts, n, k,
+                                 rows, out_name).name}
+    outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
+    graphs = [capture(lambda i=i, w=w, o=o: gg.scaled_grouped_mm(
+        i["a"], w.b, i["sfa"], w.sfb, offs, out=o)) for i, w, o in zip(inputs, w_of, outs)]
+    row["ours_us"] = time_graphs(graphs, reps)
+    graphs[-1].replay()  # the last set's output, for the checks
+    ours = outs[-1]
+    del graphs, outs
+    ref_ok, n_ref = reference_ok(ours, w_of[-1], inputs[-1], counts, layer)
+    # torch._grouped_mm: mat_b (E, K, N) is the transposed view of the (E, N, K) copy; a
+    # graph's output lives in its pool, read after a replay.
+    res: list[Any] = [None] * n_sets
+
+    def grouped(j: int) -> None:
+        res[j] = torch._grouped_mm(inputs[j]["bf16"], w_of[j].bf16.transpose(1, 2), offs=offs)
+
+    graphs = [capture(lambda j=j: grouped(j)) for j in range(n_sets)]
+    row["grouped_mm_us"] = time_graphs(graphs, reps)
+    graphs[-1].replay()
+    same, close = same_and_close(ours, res[-1])
+    row["check"] = verdict(same and ref_ok, close and ref_ok)
+    row["check_detail"] = f"== torch._grouped_mm: {same}; float64 reference on {n_ref} " \
+                          f"experts: {ref_ok}"
+    del graphs, ours
+    res.clear()
+    hit = [(g, s, s + m) for g, (s, m) in enumerate(zip(itertools.accumulate([0, *counts]),
+                                                         counts)) if m]
+    c_outs = [torch.empty(rows, n, dtype=torch.bfloat16, device="cuda") for _ in inputs]
+
+    def cublas(x: torch.Tensor, w: torch.Tensor, o: torch.Tensor) -> None:
+        for g, s, e in hit:
+            torch.mm(x[s:e], w[g].t(), out=o[s:e])
+
+    row["cublas_us"] = time_graphs([capture(lambda i=i, w=w, o=o: cublas(i["bf16"], w.bf16, o))
+                                    for i, w, o in zip(inputs, w_of, c_outs)], reps)
+    del c_outs
+    try:  # row-wise fp8: scales of 1 per row of a and per column of b
+        for w in wsets:
+            w.fp8 = w.bf16.to(torch.float8_e4m3fn) if w.fp8 is None else w.fp8
+        one_a = torch.ones(rows, dtype=torch.float32, device="cuda")
+        one_b = torch.ones(layer.experts, n, dtype=torch.float32, device="cuda")
+        a8 = [i["bf16"].to(torch.float8_e4m3fn) for i in inputs]
+        row["fp8_us"] = time_graphs([capture(lambda x=x, w=w: torch._scaled_grouped_mm(
+            x, w.fp8.transpose(-2, -1), one_a, one_b, offs=offs, out_dtype=torch.bfloat16))
+            for x, w in zip(a8, w_of)], reps)
+    except Exception as exc:  # not every torch / GPU has the fp8 grouped GEMM
+        row["fp8_us"], row["fp8_error"] = float("nan"), str(exc).splitlines()[0][:200]
+    return row
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | grp_mm us | x | "
+            "cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % | check |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for r in rows:
+        o = r["ours_us"]
+        cells = [r["set"], r["experts"], r["n"], r["k"], f"{r['tokens']} x {r['topk']}",
+                 r["rows"], r["experts_hit"], fmt(o)]
+        for key in ("grouped_mm_us", "cublas_us", "fp8_us"):  # time, x = theirs / ours
+            cells += [fmt(r[key]), fmt(r[key] / o, 2)]
+        for key in ("fp4_floor_us", "mma_floor_us"):  # floor, % = floor / ours
+            cells += [fmt(r[key]), fmt(100 * r[key] / o, 0)]
+        lines.append("| " + " | ".join(map(str, [*cells, r["check"]])) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifacts", default=str(ROOT / "artifacts"))
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS))
+    ap.add_argument("--topk", type=int, default=8, help="experts per token (capped at E)")
+    ap.add_argument("--only", nargs="+", metavar="SET", help="these sets only")
+    ap.add_argument("--all-layers", action="store_true",
+                    help="every dynamic-m set of identical (n, k) groups, not only the models")
+    ap.add_argument("--out-dtype", choices=sorted(OUT), default="bf16")
+    ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=26)
+    ap.add_argument("--json", help="write all numbers here")
+    args = ap.parse_args()
+    if args.topk < 1 or any(t < 1 for t in args.tokens):
+        ap.error("--topk and --tokens must be positive")
+    gg = runtime.load(args.artifacts)
+    arch = gg.device_runtime().arch
+    names = args.only or (None if args.all_layers else model_sets())
+    layers = expert_layers(gg.kernels, arch, OUT[args.out_dtype], names)
+    cases = plan_cases(layers, args.tokens, args.topk)
+    if not cases:
+        print(f"no expert-layer set entry for {arch} and {args.out_dtype} (sets: {names})")
+        return 1
+    ceilings = (measure_ceilings()[0], sm_copy_gbs())
+    print(f"{torch.cuda.get_device_name()}: bf16 matmul {ceilings[0]:.0f} TFLOP/s, copy "
+          f"{ceilings[1]:.0f} GB/s (read + write, through the SMs); {len(cases)} cases",
+          flush=True)
+    rows = []
+    for layer, group in itertools.groupby(cases, key=lambda c: c.layer):
+        wsets = [Weights(layer, args.seed + j)
+                 for j in range(weight_sets(layer_weight_bytes(layer)))]
+        for case in group:
+            torch.cuda.empty_cache()
+            try:
+                r = bench_case(gg, case, wsets, ceilings, OUT[args.out_dtype], args.reps,
+                               args.seed)
+                print(f"  {layer.set} T={case.tokens}: ours {r['ours_us']:.1f} us, grouped_mm "
+                      f"{r['grouped_mm_us']:.1f}, cuBLAS {r['cublas_us']:.1f}, fp8 "
+                      f"{fmt(r['fp8_us'])} ({r['check']})", flush=True)
+            except Exception as exc:
+                print(f"  {layer.entry} T={case.tokens}: FAILED {type(exc).__name__}: {exc}")
+                r = {**asdict(layer), "tokens": case.tokens, "error": str(exc)[:300]}
+            rows.append(r)
+        del wsets
+        torch.cuda.empty_cache()
+    done = [r for r in rows if "error" not in r]
+    print(f"\n{torch.cuda.get_device_name()}, {arch}, {args.out_dtype} out, top-{args.topk}, "
+          f"reps {args.reps}\n")
+    print(table(done))
+    for r in rows:
+        if "error" in r:
+            print(f"FAILED {r['entry']} T={r['tokens']}: {r['error']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": rows}, indent=1))
+    return 0 if done and len(done) == len(rows) and all(
+        r["check"] != "MISMATCH" for r in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
