@@ -40,6 +40,11 @@ for s in "${STEPS[@]}"; do
         --artifacts artifacts --seeds 3 ;;
     bench) step bench 240 python bench/bench_grouped.py --artifacts artifacts --reps 200 \
         --json "$LOG/bench.json" ;;
+    # gg.scaled_grouped_mm bit-exact on every expert layer (issue 26), 3 graph replays each.
+    serving) step serving 420 python scripts/serving_check.py --artifacts artifacts --reps 3 ;;
+    # The model benchmark (issues 26, 27): every declared model layer at 64..16384 tokens.
+    models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \
+        --json "$LOG/models.json" ;;
     *) echo "unknown step $s" ;;
     esac
 done
