@@ -139,14 +139,36 @@ def serving_inputs(e: KernelEntry, counts: list[int], device, seed: int, pad: in
     return a, b, sfa, sfb, offs
 
 
+def serving_counts(gg: runtime.GroupedGemm, e: KernelEntry, pad: int = 0) -> list[int]:
+    """Rows per expert (empty experts included) of a scaled_grouped_mm call with `pad` rows past
+    offs[-1] that entry e's kernel serves: T within e's max_m, and past the max_m of a set of
+    the same (E, N, K) that scaled_grouped_mm would prefer (the smallest bound covering T: a
+    decode set's)."""
+    from runtime.serving import select_serving
+
+    nk, max_m = dynamic_groups(e)
+    experts, (n, k) = len(nk), nk[0]
+    counts = [(0, 1, 37, 130, 0, 5)[g % 6] for g in range(experts)]
+    if max_m is not None and sum(counts) + pad > max_m:
+        counts = [c * (max_m - pad) // sum(counts) for c in counts]
+    arch = gg.device_runtime(0).arch
+    chosen = select_serving(gg.kernels, arch, experts, n, k, sum(counts) + pad, e.out_dtype)
+    bound = dynamic_groups(chosen)[1]
+    if chosen.kernel.key != e.kernel.key and bound is not None:
+        counts[2 % experts] += bound + 1 - sum(counts) - pad
+        chosen = select_serving(gg.kernels, arch, experts, n, k, sum(counts) + pad,
+                                e.out_dtype)
+    assert chosen.kernel.key == e.kernel.key, f"no T runs {e.name}'s kernel: {chosen.name}"
+    return counts
+
+
 def launch_once(gg: runtime.GroupedGemm, e: KernelEntry, seed: int = 0) -> None:
     """One call served by entry e in its output type: the list API, or scaled_grouped_mm for a
     device-offsets kernel (for the no-cutlass subprocess)."""
     dtype = OUT_TORCH_DTYPES[e.out_dtype]
     if e.takes_offsets:
-        experts = len(dynamic_groups(e)[0])
-        gg.scaled_grouped_mm(*serving_inputs(e, [(7 * g) % 40 for g in range(experts)],
-                                             "cuda", seed), out_dtype=dtype)
+        gg.scaled_grouped_mm(*serving_inputs(e, serving_counts(gg, e), "cuda", seed),
+                             out_dtype=dtype)
         return
     shapes = shapes_for(e, random.Random(seed))
     assert gg.select(shapes, out_dtype=dtype).kernel.key == e.kernel.key, e.name
@@ -244,8 +266,7 @@ def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
     if not kernels:
         pytest.skip(f"no device-offsets kernel in {ARTIFACTS} for this GPU ({arch})")
     for e in kernels:
-        experts = len(dynamic_groups(e)[0])
-        counts = [(0, 1, 37, 130, 0, 5)[g % 6] for g in range(experts)]
+        counts = serving_counts(gg, e, pad=19)
         a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=3, pad=19)
         t, used = a.shape[0], sum(counts)
         dtype = OUT_TORCH_DTYPES[e.out_dtype]
