@@ -268,10 +268,11 @@ def main() -> int:
             for f in r["failed"][:3]:
                 print(f"  {r['kernel']} T={r['t']}: {f}")
         print(f"  {time.perf_counter() - t0:.1f} s", flush=True)
-    print(f"\n{'kernel':36s} {'T':>5s} {'checks':>6s} {'host us':>8s}  result")
+    width = max([36, *(len(r["kernel"]) for r in rows)])
+    print(f"\n{'kernel':{width}s} {'T':>5s} {'checks':>6s} {'host us':>8s}  result")
     for r in rows:
         other = r.get("served_by", r["kernel"])
-        print(f"{r['kernel']:36s} {r['t']:5d} {r['checks']:6d} {r['host_us']:8.1f}  "
+        print(f"{r['kernel']:{width}s} {r['t']:5d} {r['checks']:6d} {r['host_us']:8.1f}  "
               f"{'ok' if not r['failed'] else 'FAIL'}"
               f"{f' (run by {other})' if other != r['kernel'] else ''}")
     ok = rows and all(not r["failed"] for r in rows)
