@@ -318,9 +318,10 @@ def table(rows: list[dict]) -> str:
             "cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % | check |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
-        o = r["ours_us"]
-        cells = [r["set"], r["experts"], r["n"], r["k"], f"{r['tokens']} x {r['topk']}",
-                 r["rows"], r["experts_hit"], fmt(o)]
+        o, run_by = r["ours_us"], r["kernel"].split(".")[0]  # scaled_grouped_mm's choice
+        name = r["set"] if run_by == r["set"] else f"{r['set']} (run by {run_by})"
+        cells = [name, r["experts"], r["n"], r["k"], f"{r['tokens']} x {r['topk']}", r["rows"],
+                 r["experts_hit"], fmt(o)]
         for key in ("grouped_mm_us", "cublas_us", "fp8_us"):  # time, x = theirs / ours
             cells += [fmt(r[key]), fmt(r[key] / o, 2)]
         for key in ("fp4_floor_us", "mma_floor_us"):  # floor, % = floor / ours

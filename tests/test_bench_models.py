@@ -106,11 +106,15 @@ def test_verdict_and_table() -> None:
         ["exact", "close", "MISMATCH"]
     row = {"set": "s", "experts": 8, "n": 256, "k": 512, "tokens": 64, "topk": 8, "rows": 512,
            "experts_hit": 7, "ours_us": 10.0, "grouped_mm_us": 25.0, "cublas_us": 20.0,
-           "fp8_us": float("nan"), "fp4_floor_us": 5.0, "mma_floor_us": 2.5, "check": "exact"}
+           "fp8_us": float("nan"), "fp4_floor_us": 5.0, "mma_floor_us": 2.5, "check": "exact",
+           "kernel": "s.sm_90a.acc1.bf16"}
     head, rule, line = bm.table([row]).splitlines()
     assert head.count("|") == rule.count("|") == line.count("|")
     assert line == ("| s | 8 | 256 | 512 | 64 x 8 | 512 | 7 | 10.0 | 25.0 | 2.50 | 20.0 | 2.00 "
                     "| n/a | n/a | 5.0 | 50 | 2.5 | 25 | exact |")
+    # A call that scaled_grouped_mm serves with another set's kernel (a decode set) says so.
+    line = bm.table([{**row, "kernel": "s_decode.sm_90a.acc1.bf16"}]).splitlines()[2]
+    assert line.startswith("| s (run by s_decode) | 8 |")
 
 
 def test_help_runs_without_a_gpu() -> None:
