@@ -10,6 +10,8 @@ every such set), at each T of --tokens: T tokens routed top-k (k = min(--topk, E
 experts of skewed popularity (fixed seed), T * k rows sorted by expert, T capped by what the
 kernel serves (rows <= max_m, rows * N < 2^31). Timed in one process on the same values:
   ours    gg.scaled_grouped_mm, offsets on the device, in a CUDA graph
+  own     when scaled_grouped_mm chose another set's kernel (a decode set's), the set's own
+          kernel launched directly on the same inputs (bit-equality with ours checked)
   grp_mm  torch._grouped_mm bf16, device offsets, on pre-dequantized bf16 copies
   cublas  torch.mm per expert with tokens (host-known counts) on the bf16 copies
   fp8     torch._scaled_grouped_mm row-wise on e4m3 copies (exact: the values fit), scales 1;
@@ -266,7 +268,27 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
     row["ours_us"] = time_graphs(graphs, reps)
     graphs[-1].replay()  # the last set's output, for the checks
     ours = outs[-1]
-    del graphs, outs
+    del graphs
+    row["own_us"] = float("nan")
+    if row["kernel"] != layer.entry:
+        # scaled_grouped_mm chose another set's kernel (a decode kernel): time the set's own
+        # kernel too, launched directly, on the same inputs (an A/B in one process).
+        own_entry = next(e for e in gg.kernels if e.name == layer.entry)
+        rt = gg.device_runtime()
+        op = rt.offsets_plan(own_entry, layer.experts, n, k, rows)
+        own_outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
+
+        def own(i: dict, w: Weights, o: torch.Tensor) -> None:
+            rt.launch_offsets(op, (offs.data_ptr(), i["a"].data_ptr(), w.b.data_ptr(),
+                                   i["sfa"].data_ptr(), w.sfb.data_ptr(), o.data_ptr()), 0)
+
+        graphs = [capture(lambda i=i, w=w, o=o: own(i, w, o))
+                  for i, w, o in zip(inputs, w_of, own_outs)]
+        row["own_us"] = time_graphs(graphs, reps)
+        graphs[-1].replay()
+        row["own_same"] = bool(torch.equal(own_outs[-1][:sum(counts)], ours[:sum(counts)]))
+        del graphs, own_outs
+    del outs
     ref_ok, n_ref = reference_ok(ours, w_of[-1], inputs[-1], counts, layer)
     # torch._grouped_mm: mat_b (E, K, N) is the transposed view of the (E, N, K) copy; a
     # graph's output lives in its pool, read after a replay.
@@ -314,14 +336,17 @@ def fmt(x: float, digits: int = 1) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | grp_mm us | x | "
-            "cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % | check |")
+    head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | own kernel us | "
+            "grp_mm us | x | cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % "
+            "| check |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         o, run_by = r["ours_us"], r["kernel"].split(".")[0]  # scaled_grouped_mm's choice
         name = r["set"] if run_by == r["set"] else f"{r['set']} (run by {run_by})"
         cells = [name, r["experts"], r["n"], r["k"], f"{r['tokens']} x {r['topk']}", r["rows"],
-                 r["experts_hit"], fmt(o)]
+                 r["experts_hit"], fmt(o),
+                 fmt(r.get("own_us", float("nan")))
+                 + ("" if r.get("own_same", True) else " (DIFFERS)")]
         for key in ("grouped_mm_us", "cublas_us", "fp8_us"):  # time, x = theirs / ours
             cells += [fmt(r[key]), fmt(r[key] / o, 2)]
         for key in ("fp4_floor_us", "mma_floor_us"):  # floor, % = floor / ours

@@ -110,11 +110,14 @@ def test_verdict_and_table() -> None:
            "kernel": "s.sm_90a.acc1.bf16"}
     head, rule, line = bm.table([row]).splitlines()
     assert head.count("|") == rule.count("|") == line.count("|")
-    assert line == ("| s | 8 | 256 | 512 | 64 x 8 | 512 | 7 | 10.0 | 25.0 | 2.50 | 20.0 | 2.00 "
-                    "| n/a | n/a | 5.0 | 50 | 2.5 | 25 | exact |")
-    # A call that scaled_grouped_mm serves with another set's kernel (a decode set) says so.
-    line = bm.table([{**row, "kernel": "s_decode.sm_90a.acc1.bf16"}]).splitlines()[2]
-    assert line.startswith("| s (run by s_decode) | 8 |")
+    assert line == ("| s | 8 | 256 | 512 | 64 x 8 | 512 | 7 | 10.0 | n/a | 25.0 | 2.50 | 20.0 "
+                    "| 2.00 | n/a | n/a | 5.0 | 50 | 2.5 | 25 | exact |")
+    # A call that scaled_grouped_mm serves with another set's kernel (a decode set) says so,
+    # with the set's own kernel's time beside it, and whether its output differed.
+    line = bm.table([{**row, "kernel": "s_decode.sm_90a.acc1.bf16", "own_us": 30.0,
+                      "own_same": False}]).splitlines()[2]
+    assert line.startswith("| s (run by s_decode) | 8 | 256 | 512 | 64 x 8 | 512 | 7 | 10.0 | "
+                           "30.0 (DIFFERS) | 25.0 |")
 
 
 def test_help_runs_without_a_gpu() -> None:
