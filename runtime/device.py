@@ -244,7 +244,6 @@ class DeviceRuntime:
         self._lock = threading.Lock()
         self._placeholder: torch.Tensor | None = None
         self._side_stream: Any = None  # where workspaces are allocated (_new_workspace)
-        self._side_lock = threading.Lock()
         self._stream = _raw_stream_getter()
         # (raw stream handle, header bytes) -> (workspace tensor, bytes, address); see the
         # module docstring. Kernels that keep state in a zeroed header never share a workspace
@@ -497,10 +496,9 @@ class DeviceRuntime:
         return ws
 
     def _side(self) -> Any:
-        """This device's private side stream for allocations that outlive a call. Its own
-        lock: _prepare runs under self._lock (a plain Lock: taking it again would deadlock)."""
+        """This device's private side stream for allocations that outlive a call."""
         if self._side_stream is None:
-            with self._side_lock:
+            with self._lock:
                 if self._side_stream is None:
                     self._side_stream = torch.cuda.Stream(self.torch_device)
         return self._side_stream

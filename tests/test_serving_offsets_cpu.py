@@ -277,21 +277,3 @@ def test_to_blocked_grouped_clamps_bad_offsets() -> None:
     bad = to_blocked_grouped(plain, torch.tensor([40, 10, 500, -3], dtype=torch.int32))
     fixed = to_blocked_grouped(plain, torch.tensor([40, 40, 64, 64], dtype=torch.int32))
     assert torch.equal(bad, fixed)
-
-
-def test_side_stream_is_made_under_the_runtime_lock_without_deadlock(dev, monkeypatch) -> None:  # noqa: F811
-    """_prepare (which allocates the TMA placeholder on the side stream) runs while holding the
-    runtime's lock; the side stream's creation must not need that lock again."""
-    import threading
-
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("side", device))
-    dev.rt._side_stream = None
-    got = []
-    with dev.rt._lock:  # held, as while _prepare runs
-        worker = threading.Thread(target=lambda: got.append(dev.rt._side()), daemon=True)
-        worker.start()
-        worker.join(timeout=10)
-        assert not worker.is_alive(), "_side() blocked on the runtime's lock"
-    assert got == [("side", dev.rt.torch_device)]
