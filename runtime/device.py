@@ -20,7 +20,6 @@ Per-launch device state must never be shared by launches that can overlap:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import struct
 import threading
@@ -243,7 +242,6 @@ class DeviceRuntime:
         self._arena = device_tables.CaptureArena()
         self._lock = threading.Lock()
         self._placeholder: torch.Tensor | None = None
-        self._side_stream: Any = None  # where workspaces are allocated (_new_workspace)
         self._stream = _raw_stream_getter()
         # (raw stream handle, header bytes) -> (workspace tensor, bytes, address); see the
         # module docstring. Kernels that keep state in a zeroed header never share a workspace
@@ -272,13 +270,9 @@ class DeviceRuntime:
             if tma_params:
                 if self._placeholder is None:
                     # Never read through (the kernel patches address, dims and strides per
-                    # group), so torch.empty: no fill kernel that a capture would record. On
-                    # the side stream: outside any graph pool (_new_workspace).
-                    on_side = (torch.cuda.stream(self._side())
-                               if self.torch_device.type == "cuda" else contextlib.nullcontext())
-                    with on_side:
-                        self._placeholder = torch.empty(256, dtype=torch.uint8,
-                                                        device=self.torch_device)
+                    # group), so torch.empty: no fill kernel that a capture would record.
+                    self._placeholder = torch.empty(256, dtype=torch.uint8,
+                                                    device=self.torch_device)
                 with cuda.current(self.device):
                     for p in tma_params:
                         templates[p.name] = tma.encode(
@@ -487,44 +481,17 @@ class DeviceRuntime:
         ws = self._workspaces.get(key)
         if ws is None or ws[1] < nbytes:
             size = max(nbytes, WORKSPACE_MIN, 2 * ws[1] if ws is not None else 0)
-            t = self._new_workspace(stream, size, header)
+            # Allocated on `stream` (torch's current stream of this device): the caching
+            # allocator reuses it, once dropped, only in that stream's order.
+            t = torch.empty(size, dtype=torch.uint8, device=self.torch_device)
+            if header:
+                t[:header].zero_()
             ws = (t, size, t.data_ptr())
             with self._lock:
                 if len(self._workspaces) >= WORKSPACE_STREAMS and key not in self._workspaces:
                     self._workspaces.clear()  # in-flight launches hold their own references
                 self._workspaces[key] = ws
         return ws
-
-    def _side(self) -> Any:
-        """This device's private side stream for allocations that outlive a call."""
-        if self._side_stream is None:
-            with self._lock:
-                if self._side_stream is None:
-                    self._side_stream = torch.cuda.Stream(self.torch_device)
-        return self._side_stream
-
-    def _new_workspace(self, stream: int, size: int, header: int) -> torch.Tensor:
-        """A workspace for `stream`, its header zeroed, allocated outside any CUDA-graph memory
-        pool. torch.compile's "reduce-overhead" mode runs its warm-up calls eagerly with the
-        current stream's allocations routed to the graph's private pool, where a workspace kept
-        across calls would be a live allocation the graph does not own ("tensor(s) in the
-        cudagraph pool not tracked as outputs"). So it is allocated and zeroed on a private
-        side stream; `stream` waits for that and owns it through record_stream (the caching
-        allocator reuses it, once dropped, only after `stream`'s work)."""
-        if self.torch_device.type != "cuda":  # the CPU tests' fake device
-            t = torch.empty(size, dtype=torch.uint8, device=self.torch_device)
-            if header:
-                t[:header].zero_()
-            return t
-        side = self._side()
-        target = torch.cuda.ExternalStream(stream, device=self.torch_device)
-        with torch.cuda.stream(side):
-            t = torch.empty(size, dtype=torch.uint8, device=self.torch_device)
-            if header:
-                t[:header].zero_()
-        t.record_stream(target)
-        target.wait_stream(side)
-        return t
 
     def _launch_eager(self, dp: DevicePlan, stream: int,
                       table: device_tables.DeviceTable, alpha: int) -> None:
