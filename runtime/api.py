@@ -282,6 +282,19 @@ class GroupedGemm:
         return scaled_grouped_mm(self, a, b, sfa, sfb, offs, alpha=alpha, out=out,
                                  out_dtype=out_dtype)
 
+    def masked_grouped_mm(self, a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor,
+                          sfb: torch.Tensor, masked_m: torch.Tensor, *,
+                          expected_m: int | None = None, alpha: torch.Tensor | None = None,
+                          out: torch.Tensor | None = None,
+                          out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The masked layout (runtime/masked.py): a (E, max_m, K/2), expert g's valid rows
+        masked_m[g] (an int32 CUDA tensor, never read on the host); out (E, max_m, N), rows
+        past masked_m[g] not written. `expected_m` only picks among built kernels."""
+        from .masked import masked_grouped_mm
+
+        return masked_grouped_mm(self, a, b, sfa, sfb, masked_m, expected_m=expected_m,
+                                 alpha=alpha, out=out, out_dtype=out_dtype)
+
     def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
              sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
              out: Sequence[torch.Tensor] | None = None, *, alpha: torch.Tensor | None = None,

@@ -196,6 +196,8 @@ class OffsetsPlan:
         self._local = threading.local()
         at = {p.operand if p.kind == "operand" else p.table: p.offset for p in entry.params
               if p.kind in ("operand", "table")}
+        if "masked_m" in at:  # a masked-layout kernel: masked_m takes offs' place
+            at["offs"] = at["masked_m"]
         offsets = [at[r] for r in OFFSETS_CALL_ROLES]
         if offsets == list(range(offsets[0], offsets[0] + 8 * len(offsets), 8)):
             whole = struct.Struct(f"<{len(offsets)}Q")
@@ -214,7 +216,7 @@ class OffsetsPlan:
         if s is None:
             values: dict[str, Any] = dict(self.prepared.templates)
             values.update(self.values)
-            values.update({r: 0 for r in OFFSETS_CALL_ROLES})
+            values.update({r: 0 for r in (*OFFSETS_CALL_ROLES, "masked_m")})
             params = pack_params(self.entry.params, values)
             config = launch.make_config(self.grid, self.entry.block, self.entry.dynamic_smem,
                                         self.entry.cluster, self.entry.grid.cooperative)
@@ -317,8 +319,10 @@ class DeviceRuntime:
                                                          self.device.sm_count)
             ones = self._arena.store(struct.pack(f"<{experts}f", *(1.0,) * experts),
                                      self.device)
+            # A masked-layout kernel's rows scalar is max_m (t = E * max_m rows in all).
             op = OffsetsPlan(entry, self.prepared(entry), grid, workspace_bytes,
-                             {"num_groups": experts, "rows": t, "n": n, "k": k}, ones)
+                             {"num_groups": experts, "rows": t, "n": n, "k": k,
+                              "max_m": t // experts}, ones)
             op = self._plans.put(key, op)
         return op
 

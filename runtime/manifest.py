@@ -46,13 +46,14 @@ TABLES = ("problem_sizes", "pointers", "cta_prefix", "tensormap_workspace", "gri
           "alpha")
 # Values a `scalar` parameter can carry.
 # rows, n, k: a device-offsets kernel's call (T rows of a, every expert's N and K).
-SCALARS = ("num_groups", "rows", "n", "k")
+# max_m: a masked-layout kernel's rows per expert (a's second dimension).
+SCALARS = ("num_groups", "rows", "n", "k", "max_m")
 # Operands a tensor-map template describes, and the columns of the pointer table.
 OPERANDS = ("a", "b", "sfa", "sfb", "c")
 # Caller tensors whose device address an `operand` parameter carries (device-offsets kernels,
 # Config.device_offsets: they derive their tables from these on the device): the stacked
 # operands, the output and the int32 expert end offsets.
-CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs")
+CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs", "masked_m")
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -251,7 +252,14 @@ class Kernel:
         """Whether the kernel derives its tables from the call's expert offsets on the device
         (an `offs` operand parameter: Config.device_offsets, the serving contract's kernels).
         Such a kernel serves scaled_grouped_mm only, never the list API."""
-        return any(p.kind == "operand" and p.operand == "offs" for p in self.params)
+        return any(p.kind == "operand" and p.operand in ("offs", "masked_m")
+                   for p in self.params)
+
+    @property
+    def takes_masked(self) -> bool:
+        """Whether the kernel serves the masked layout (a `masked_m` operand): masked_grouped_mm
+        only."""
+        return any(p.kind == "operand" and p.operand == "masked_m" for p in self.params)
 
     @property
     def param_bytes(self) -> int:
@@ -267,7 +275,7 @@ class Kernel:
 
 _DELEGATED = ("key", "family", "options", "symbol", "cubin", "sha256", "cubin_bytes", "block",
               "cluster", "dynamic_smem", "sm_count", "grid", "tile", "tables", "limits",
-              "params", "takes_alpha", "takes_offsets", "param_bytes")
+              "params", "takes_alpha", "takes_offsets", "takes_masked", "param_bytes")
 
 
 @dataclass(frozen=True)

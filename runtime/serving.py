@@ -162,7 +162,7 @@ def select_serving(kernels: tuple[KernelEntry, ...], arch: str | None, experts: 
         return (not e.takes_offsets, bound)
 
     for e in sorted(kernels, key=preference):
-        if e.arch != arch or e.out_dtype != dtype:
+        if e.arch != arch or e.out_dtype != dtype or e.takes_masked:
             continue
         dyn = dynamic_groups(e)
         if dyn is not None and dyn[0] == want and (dyn[1] is None or dyn[1] >= t):

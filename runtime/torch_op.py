@@ -16,6 +16,9 @@ Schemas:
     nvfp4::scaled_grouped_mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, Tensor offs,
                              str artifacts="default", Tensor? alpha=None,
                              ScalarType out_dtype=torch.bfloat16) -> Tensor
+    nvfp4::masked_grouped_mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, Tensor masked_m,
+                             int expected_m=-1, str artifacts="default", Tensor? alpha=None,
+                             ScalarType out_dtype=torch.bfloat16) -> Tensor
 
 Arguments and results are those of `GroupedGemm.grouped_gemm`: per group a (m, k/2) and b
 (n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, alpha an optional float32 (G,) CUDA tensor,
@@ -54,8 +57,8 @@ from torch import Tensor
 
 from .errors import InputError
 
-__all__ = ["DEFAULT", "grouped_gemm", "lookup", "register", "registered", "scaled_grouped_mm",
-           "unregister"]
+__all__ = ["DEFAULT", "grouped_gemm", "lookup", "masked_grouped_mm", "register", "registered",
+           "scaled_grouped_mm", "unregister"]
 
 DEFAULT = "default"
 NAMESPACE = "nvfp4"
@@ -248,6 +251,57 @@ def _scaled_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs
     if out_dtype not in _OUT:
         raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::masked_grouped_mm", mutates_args=())
+def _masked_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, masked_m: Tensor,
+                       expected_m: int = -1, artifacts: str = DEFAULT,
+                       alpha: Tensor | None = None,
+                       out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    return lookup(artifacts).masked_grouped_mm(
+        a, b, sfa, sfb, masked_m, expected_m=None if expected_m < 0 else expected_m,
+        alpha=alpha, out_dtype=out_dtype)
+
+
+@_masked_grouped_mm.register_fake
+def _masked_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, masked_m: Tensor,
+                            expected_m: int = -1, artifacts: str = DEFAULT,
+                            alpha: Tensor | None = None,
+                            out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """The masked op's trace-time checks (runtime/masked.py is the authority) and its output:
+    (E, max_m, N) in out_dtype; rows past masked_m[e] are left unwritten by the kernel.
+    expected_m: -1 for none (a schema int cannot be None-defaulted portably)."""
+    if a.dim() != 3 or b.dim() != 3:
+        raise InputError(f"a must be (E, max_m, K/2) and b (E, N, K/2), but got shapes "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype not in _FP4 or b.dtype not in _FP4:
+        raise InputError(f"a and b must be one of {list(_FP4)}, but got {a.dtype} and {b.dtype}")
+    if sfa.dtype not in _SF or sfb.dtype not in _SF:
+        raise InputError(f"sfa and sfb must be one of {list(_SF)}, but got {sfa.dtype} and "
+                         f"{sfb.dtype}")
+    if masked_m.dtype != torch.int32 or masked_m.dim() != 1:
+        raise InputError(f"masked_m must be a 1-D torch.int32 tensor, but got {masked_m.dtype} "
+                         f"of shape {tuple(masked_m.shape)}")
+    _require(masked_m.shape[0] == b.shape[0] and a.shape[0] == b.shape[0],
+             lambda: f"a, b and masked_m must have the same E, but got {a.shape[0]}, "
+                     f"{b.shape[0]} and {masked_m.shape[0]}")
+    _require(a.shape[2] == b.shape[2],
+             lambda: f"a and b must have the same K/2, but got {a.shape[2]} and {b.shape[2]}")
+    _fake_alpha(alpha, b.shape[0])
+    if out_dtype not in _OUT:
+        raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[1]), dtype=out_dtype)
+
+
+def masked_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, masked_m: Tensor, *,
+                      expected_m: int | None = None, artifacts: str = DEFAULT,
+                      alpha: Tensor | None = None,
+                      out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """torch.ops.nvfp4.masked_grouped_mm with keyword arguments (GroupedGemm.masked_grouped_mm
+    as a custom op: the masked layout, masked_m on the device, traceable by torch.compile)."""
+    return torch.ops.nvfp4.masked_grouped_mm(a, b, sfa, sfb, masked_m,
+                                             -1 if expected_m is None else expected_m,
+                                             artifacts, alpha, out_dtype)
 
 
 def scaled_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs: Tensor, *,

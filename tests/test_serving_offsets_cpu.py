@@ -87,8 +87,8 @@ def test_operand_params_parse_and_name_the_call_tensor() -> None:
     assert (p.kind, p.operand, p.offset) == ("operand", "offs", 512)
     with pytest.raises(ManifestError) as info:
         _parse_param(_Reader({**rec, "operand": "bias"}, "k.params[4]"))
-    assert "k.params[4].operand must be one of ['a', 'b', 'sfa', 'sfb', 'c', 'offs']" in str(
-        info.value)
+    assert ("k.params[4].operand must be one of ['a', 'b', 'sfa', 'sfb', 'c', 'offs', "
+            "'masked_m']") in str(info.value)
     with pytest.raises(ManifestError) as info:
         _parse_param(_Reader({**rec, "size": 4, "align": 4}, "k.params[4]"))
     assert "an operand parameter must have size 8 and align 8" in str(info.value)

@@ -84,6 +84,10 @@ class Config:
     # routing and one captured graph serves every routing. Implied by shapes.yaml's
     # `experts:` sets (builder/spec.py); v3 with the grid barrier only.
     device_offsets: bool = False
+    # With device_offsets: DeepGEMM's masked layout (issue 27) instead of offsets: a is (E,
+    # max_m, K/2), expert g's rows start at g * max_m and masked_m[g] of them are valid; sfa
+    # holds round_up(max_m, 128) blocked rows per expert; c is (E, max_m, N).
+    masked: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which bench/trace_run.py reads back. compile_kernel builds it as
@@ -263,6 +267,11 @@ def check(config: Config) -> list[str]:
                        "(the device-offsets prologue is built on the v3 kernel with the grid "
                        f"barrier), but got a_fp16 {config.a_fp16!r}, stream_a "
                        f"{config.stream_a!r}, trace {config.trace!r}")
+    if not isinstance(config.masked, bool):
+        reasons.append(f"masked must be true or false, but got {config.masked!r}")
+    elif config.masked and config.device_offsets is not True:
+        reasons.append("masked needs device_offsets: true (the masked layout's tables are "
+                       "derived on the device; give it on an experts: set)")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:

@@ -66,11 +66,17 @@ class Sm90OffsetsGemm(Sm90GroupedGemm):
     ) -> None:
         args = KernelArgs()
         self._record_templates(args)
-        args.operand("offs", offs, "offs")
+        if cutlass.const_expr(self.config.masked):
+            args.operand("masked_m", offs, "masked_m")
+        else:
+            args.operand("offs", offs, "offs")
         for name, ptr in (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("c", c)):
             args.operand(name, ptr, name)
         self._record_state(args, workspace, grid_barrier, alpha, num_groups)
-        args.scalar("rows", rows, "rows")
+        if cutlass.const_expr(self.config.masked):
+            args.scalar("max_m", rows, "max_m")
+        else:
+            args.scalar("rows", rows, "rows")
         args.scalar("n", n, "n")
         args.scalar("k", k, "k")
         self._launch(args, num_ctas)
@@ -129,7 +135,6 @@ class Sm90OffsetsGemm(Sm90GroupedGemm):
         """Warp 0: the pointer, problem-size and CTA-prefix tables of this call (module
         docstring) at `slot`, `sizes_at` and `prefix_at`. Lane l takes experts
         [l * per, l * per + count)."""
-        a, b, sfa, sfb, c = operands
         gmem = cute.AddressSpace.gmem
         ends = cute.make_tensor(offs, cute.make_layout(num_groups))
         ptrs = cute.make_tensor(cute.make_ptr(Int64, slot, gmem, assumed_align=16),
@@ -141,6 +146,54 @@ class Sm90OffsetsGemm(Sm90GroupedGemm):
         per = (num_groups + 31) // 32
         first = lane * per
         count = cutlass.max(cutlass.min(first + per, num_groups) - first, Int32(0))
+        if cutlass.const_expr(self.config.masked):
+            self._masked_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                                lane, first, count)
+        else:
+            self._offsets_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                                 lane, first, count)
+
+    @cute.jit
+    def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, num_groups, max_m, n, k,
+                       lane, first, count) -> None:
+        """The masked layout (Config.masked): expert g's rows start at g * max_m in a and c, its
+        scales at blocked row g * round_up(max_m, 128) of sfa; masked_m[g] clamped to [0, max_m]
+        rows are valid."""
+        a, b, sfa, sfb, c = operands
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        tiles = Int32(0)
+        for i in cutlass.range(count, unroll=1):
+            m = cutlass.min(cutlass.max(masked_m[first + i], Int32(0)), max_m)
+            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
+        tiles_end, tiles_total = self._lane_scan(tiles, lane)
+        tile0 = tiles_end - tiles
+        a_expert = Int64(max_m) * Int64(k // 2)
+        b_expert = Int64(n) * Int64(k // 2)
+        sfa_expert = Int64(blocked_scale_numel(max_m, k))
+        sfb_expert = Int64(blocked_scale_numel(n, k))
+        c_expert = Int64(max_m) * Int64(n) * Int64(self.c_dtype.width // 8)
+        for i in cutlass.range(count, unroll=1):
+            g = first + i
+            m = cutlass.min(cutlass.max(masked_m[g], Int32(0)), max_m)
+            ptrs[g, tables.PTR_A] = a.toint() + Int64(g) * a_expert
+            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
+            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(g) * sfa_expert
+            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
+            ptrs[g, tables.PTR_C] = c.toint() + Int64(g) * c_expert
+            sizes[g, tables.COL_M] = m
+            sizes[g, tables.COL_N] = n
+            sizes[g, tables.COL_K] = k
+            sizes[g, tables.COL_L] = Int32(1)
+            prefix[g] = tile0
+            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
+        if lane == 31:
+            prefix[num_groups] = tiles_total
+
+    @cute.jit
+    def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                        lane, first, count) -> None:
+        """The offsets layout (torch's 2D x 3D form; module docstring)."""
+        a, b, sfa, sfb, c = operands
 
         # The running maximum of the clamped offsets at the end of the previous lanes' experts.
         top = Int32(0)
