@@ -30,13 +30,12 @@ from .dispatch import dynamic_groups
 from .errors import InputError, NoKernelError
 from .formats import MN_LIMIT, blocked_scale_numel
 from .manifest import KernelEntry
-from .serving import _tensor
+from .serving import _tensor, check_devices
 from .validate import (
     _FP4,
     _FP4_NAMES,
     _SF,
     _SF_NAMES,
-    ALIGN,
     OUT_TORCH_DTYPES,
     check_alpha,
     out_dtype_name,
@@ -85,17 +84,8 @@ def check_masked(a: Any, b: Any, sfa: Any, sfb: Any, masked_m: Any, expected_m: 
             raise InputError(f"out must have shape (E, max_m, N) = {(experts, max_m, n)}, but "
                              f"got {tuple(out.shape)}")
     dtype = out_dtype_name([out] if out is not None else None, out_dtype)
-    ordinal = a.get_device()
-    named = (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("masked_m", masked_m))
-    named += (("out", out),) if out is not None else ()
-    for name, x in named:
-        if x.device.type != "cuda":
-            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {x.device}")
-        if x.get_device() != ordinal:
-            raise InputError(f"{name} must be on a's device cuda:{ordinal}, but got {x.device}")
-        if name != "masked_m" and x.numel() and x.data_ptr() % ALIGN:
-            raise InputError(f"{name}'s data pointer must be {ALIGN}-byte aligned (TMA), but got "
-                             f"0x{x.data_ptr():x}")
+    ordinal = check_devices((("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)), "masked_m",
+                            masked_m, out)
     alpha_ptr = 0 if alpha is None else check_alpha(alpha, experts, ordinal)
     return {"experts": experts, "max_m": max_m, "n": n, "k": k, "dtype": dtype,
             "ordinal": ordinal, "alpha_ptr": alpha_ptr, "out": out}

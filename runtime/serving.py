@@ -88,6 +88,26 @@ class ServingCall:
             setattr(self, key, value)
 
 
+def check_devices(operands: tuple[tuple[str, torch.Tensor], ...], index_name: str,
+                  index: torch.Tensor, out: torch.Tensor | None) -> int:
+    """The device checks of a stacked-experts call (scaled_grouped_mm, masked_grouped_mm):
+    every tensor a CUDA tensor on a's device, the TMA operands and out 16-byte aligned (the
+    int32 index tensor, offs or masked_m, is read by plain loads). Returns the device ordinal."""
+    a = operands[0][1]
+    ordinal = a.get_device()
+    named = (*operands, *((("out", out),) if out is not None else ()))
+    for name, x in (*named, (index_name, index)):
+        if x.device.type != "cuda":
+            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {x.device}")
+        if x.get_device() != ordinal:
+            raise InputError(f"{name} must be on a's device cuda:{ordinal}, but got {x.device}")
+    for name, x in named:
+        if x.numel() and x.data_ptr() % ALIGN:
+            raise InputError(f"{name}'s data pointer must be {ALIGN}-byte aligned (TMA), but got "
+                             f"0x{x.data_ptr():x}")
+    return ordinal
+
+
 def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out: Any,
                   out_dtype: Any) -> ServingCall:
     """Every check of a scaled_grouped_mm call that needs no device data (nothing is read from
@@ -131,17 +151,7 @@ def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out
             raise InputError(f"out must have shape (T, N) = {(t, n)}, but got "
                              f"{tuple(out.shape)}")
     dtype = out_dtype_name([out] if out is not None else None, out_dtype)
-    named = (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("offs", offs))
-    named += (("out", out),) if out is not None else ()
-    ordinal = a.get_device()
-    for name, x in named:
-        if x.device.type != "cuda":
-            raise InputError(f"{name} must be a CUDA tensor, but got a tensor on {x.device}")
-        if x.get_device() != ordinal:
-            raise InputError(f"{name} must be on a's device cuda:{ordinal}, but got {x.device}")
-        if name != "offs" and x.numel() and x.data_ptr() % ALIGN:
-            raise InputError(f"{name}'s data pointer must be {ALIGN}-byte aligned (TMA), but got "
-                             f"0x{x.data_ptr():x}")
+    ordinal = check_devices((("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)), "offs", offs, out)
     alpha_ptr = 0 if alpha is None else check_alpha(alpha, experts, ordinal)
     return ServingCall(a=a, b=b, sfa=sfa, sfb=sfb, offs=offs, out=out, t=t, n=n, k=k,
                        experts=experts, dtype=dtype, ordinal=ordinal, alpha_ptr=alpha_ptr)

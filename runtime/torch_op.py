@@ -235,14 +235,7 @@ def _scaled_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs
     if a.dim() != 2 or b.dim() != 3:
         raise InputError(f"a must be (T, K/2) and b (E, N, K/2), but got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in _FP4 or b.dtype not in _FP4:
-        raise InputError(f"a and b must be one of {list(_FP4)}, but got {a.dtype} and {b.dtype}")
-    if sfa.dtype not in _SF or sfb.dtype not in _SF:
-        raise InputError(f"sfa and sfb must be one of {list(_SF)}, but got {sfa.dtype} and "
-                         f"{sfb.dtype}")
-    if offs.dtype != torch.int32 or offs.dim() != 1:
-        raise InputError(f"offs must be a 1-D torch.int32 tensor, but got {offs.dtype} of shape "
-                         f"{tuple(offs.shape)}")
+    _fake_dtypes(a, b, sfa, sfb, "offs", offs)
     _require(offs.shape[0] == b.shape[0],
              lambda: f"offs must have shape ({b.shape[0]},), but got {tuple(offs.shape)}")
     _require(a.shape[1] == b.shape[2],
@@ -251,6 +244,20 @@ def _scaled_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs
     if out_dtype not in _OUT:
         raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _fake_dtypes(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, index_name: str,
+                 index: Tensor) -> None:
+    """The stacked-experts ops' dtype checks at trace time: fp4 a and b, e4m3 scales, a 1-D
+    int32 index tensor (offs or masked_m)."""
+    if a.dtype not in _FP4 or b.dtype not in _FP4:
+        raise InputError(f"a and b must be one of {list(_FP4)}, but got {a.dtype} and {b.dtype}")
+    if sfa.dtype not in _SF or sfb.dtype not in _SF:
+        raise InputError(f"sfa and sfb must be one of {list(_SF)}, but got {sfa.dtype} and "
+                         f"{sfb.dtype}")
+    if index.dtype != torch.int32 or index.dim() != 1:
+        raise InputError(f"{index_name} must be a 1-D torch.int32 tensor, but got "
+                         f"{index.dtype} of shape {tuple(index.shape)}")
 
 
 @torch.library.custom_op(f"{NAMESPACE}::masked_grouped_mm", mutates_args=())
@@ -274,14 +281,7 @@ def _masked_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, mask
     if a.dim() != 3 or b.dim() != 3:
         raise InputError(f"a must be (E, max_m, K/2) and b (E, N, K/2), but got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype not in _FP4 or b.dtype not in _FP4:
-        raise InputError(f"a and b must be one of {list(_FP4)}, but got {a.dtype} and {b.dtype}")
-    if sfa.dtype not in _SF or sfb.dtype not in _SF:
-        raise InputError(f"sfa and sfb must be one of {list(_SF)}, but got {sfa.dtype} and "
-                         f"{sfb.dtype}")
-    if masked_m.dtype != torch.int32 or masked_m.dim() != 1:
-        raise InputError(f"masked_m must be a 1-D torch.int32 tensor, but got {masked_m.dtype} "
-                         f"of shape {tuple(masked_m.shape)}")
+    _fake_dtypes(a, b, sfa, sfb, "masked_m", masked_m)
     _require(masked_m.shape[0] == b.shape[0] and a.shape[0] == b.shape[0],
              lambda: f"a, b and masked_m must have the same E, but got {a.shape[0]}, "
                      f"{b.shape[0]} and {masked_m.shape[0]}")
