@@ -269,6 +269,20 @@ class Sm100GroupedGemm:
         alpha_ptr: cute.Pointer,
         num_groups: cutlass.Int32,
     ):
+        self._body((tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl,
+                    tma_atom_sfb, mSFB_nkl, a_smem_layout_staged, b_smem_layout_staged,
+                    sfa_smem_layout_staged, sfb_smem_layout_staged),
+                   problem_sizes_ptr, pointers_ptr, cta_prefix_ptr, workspace_ptr, alpha_ptr,
+                   num_groups)
+
+    @cute.jit
+    def _body(self, traced, problem_sizes_ptr, pointers_ptr, cta_prefix_ptr, workspace_ptr,
+              alpha_ptr, num_groups):
+        """The kernel once its tables are in device memory (`traced`: the MMA, TMA atoms,
+        coordinate tensors and shared-memory layouts, in the kernel's parameter order)."""
+        (tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl,
+         tma_atom_sfb, mSFB_nkl, a_smem_layout_staged, b_smem_layout_staged,
+         sfa_smem_layout_staged, sfb_smem_layout_staged) = traced
         acc_stages = self.acc_stages
         ab_stages = self.ab_stages
         c_dtype = self.c_dtype

@@ -26,23 +26,14 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from kernels import tables
 from kernels.abi import KernelArgs
-from runtime.formats import (
-    POINTER_ROW_BYTES,
-    PROBLEM_ROW_BYTES,
-    SCALE_ROWS,
-    blocked_scale_numel,
-    offsets_tables_bytes,
-    scale_cols,
-)
+from kernels.device_offsets import DeviceOffsets
+from runtime.formats import POINTER_ROW_BYTES, PROBLEM_ROW_BYTES, offsets_tables_bytes
 
 from .grouped_gemm import Sm90GroupedGemm
 
-_SCAN_STEPS = 5  # shuffle-scan steps over a warp's 32 lanes
 
-
-class Sm90OffsetsGemm(Sm90GroupedGemm):
+class Sm90OffsetsGemm(DeviceOffsets, Sm90GroupedGemm):
     """Sm90GroupedGemm with the call's tables derived on the device from its offsets."""
 
     # ------------------------------------------------------------------ host (trace time)
@@ -122,129 +113,3 @@ class Sm90OffsetsGemm(Sm90GroupedGemm):
                   cute.make_ptr(Int64, slot, gmem, assumed_align=16),
                   cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
                   workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid)
-
-    @cute.jit
-    def _clamped_end(self, ends: cute.Tensor, g: Int32, rows: Int32, below: Int32) -> Int32:
-        """Expert g's end row: offs[g] clamped to [0, rows], and at least `below` (the previous
-        expert's end: the running maximum)."""
-        return cutlass.max(cutlass.min(cutlass.max(ends[g], Int32(0)), rows), below)
-
-    @cute.jit
-    def _derive_tables(self, offs, operands, slot, sizes_at, prefix_at, num_groups, rows, n,
-                       k, lane) -> None:
-        """Warp 0: the pointer, problem-size and CTA-prefix tables of this call (module
-        docstring) at `slot`, `sizes_at` and `prefix_at`. Lane l takes experts
-        [l * per, l * per + count)."""
-        gmem = cute.AddressSpace.gmem
-        ends = cute.make_tensor(offs, cute.make_layout(num_groups))
-        ptrs = cute.make_tensor(cute.make_ptr(Int64, slot, gmem, assumed_align=16),
-                                cute.make_layout((num_groups, 5), stride=(5, 1)))
-        sizes = cute.make_tensor(cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
-                                 cute.make_layout((num_groups, 4), stride=(4, 1)))
-        prefix = cute.make_tensor(cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
-                                  cute.make_layout(num_groups + 1))
-        per = (num_groups + 31) // 32
-        first = lane * per
-        count = cutlass.max(cutlass.min(first + per, num_groups) - first, Int32(0))
-        if cutlass.const_expr(self.config.masked):
-            self._masked_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                                lane, first, count)
-        else:
-            self._offsets_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                                 lane, first, count)
-
-    @cute.jit
-    def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, num_groups, max_m, n, k,
-                       lane, first, count) -> None:
-        """The masked layout (Config.masked): expert g's rows start at g * max_m in a and c, its
-        scales at blocked row g * round_up(max_m, 128) of sfa; masked_m[g] clamped to [0, max_m]
-        rows are valid."""
-        a, b, sfa, sfb, c = operands
-        tiles_n = (n + self.tile_n - 1) // self.tile_n
-        tiles = Int32(0)
-        for i in cutlass.range(count, unroll=1):
-            m = cutlass.min(cutlass.max(masked_m[first + i], Int32(0)), max_m)
-            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
-        tiles_end, tiles_total = self._lane_scan(tiles, lane)
-        tile0 = tiles_end - tiles
-        a_expert = Int64(max_m) * Int64(k // 2)
-        b_expert = Int64(n) * Int64(k // 2)
-        sfa_expert = Int64(blocked_scale_numel(max_m, k))
-        sfb_expert = Int64(blocked_scale_numel(n, k))
-        c_expert = Int64(max_m) * Int64(n) * Int64(self.c_dtype.width // 8)
-        for i in cutlass.range(count, unroll=1):
-            g = first + i
-            m = cutlass.min(cutlass.max(masked_m[g], Int32(0)), max_m)
-            ptrs[g, tables.PTR_A] = a.toint() + Int64(g) * a_expert
-            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
-            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(g) * sfa_expert
-            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
-            ptrs[g, tables.PTR_C] = c.toint() + Int64(g) * c_expert
-            sizes[g, tables.COL_M] = m
-            sizes[g, tables.COL_N] = n
-            sizes[g, tables.COL_K] = k
-            sizes[g, tables.COL_L] = Int32(1)
-            prefix[g] = tile0
-            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
-        if lane == 31:
-            prefix[num_groups] = tiles_total
-
-    @cute.jit
-    def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                        lane, first, count) -> None:
-        """The offsets layout (torch's 2D x 3D form; module docstring)."""
-        a, b, sfa, sfb, c = operands
-
-        # The running maximum of the clamped offsets at the end of the previous lanes' experts.
-        top = Int32(0)
-        for i in cutlass.range(count, unroll=1):
-            top = self._clamped_end(ends, first + i, rows, top)
-        for d in cutlass.range_constexpr(_SCAN_STEPS):
-            below = cute.arch.shuffle_sync_up(top, 1 << d)
-            if lane >= (1 << d):
-                top = cutlass.max(top, below)
-        start = cute.arch.shuffle_sync_up(top, 1)
-        if lane == 0:
-            start = Int32(0)
-
-        # This lane's CTA tiles and padded A-scale rows; the scans give where they start.
-        tiles_n = (n + self.tile_n - 1) // self.tile_n
-        end = start
-        tiles = Int32(0)
-        scale_rows = Int32(0)
-        for i in cutlass.range(count, unroll=1):
-            nxt = self._clamped_end(ends, first + i, rows, end)
-            m = nxt - end
-            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
-            scale_rows += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
-            end = nxt
-        tiles_end, tiles_total = self._lane_scan(tiles, lane)
-        scale_end, _ = self._lane_scan(scale_rows, lane)
-
-        tile0 = tiles_end - tiles
-        scale0 = scale_end - scale_rows
-        a_row = Int64(k // 2)
-        b_expert = Int64(n) * Int64(k // 2)
-        sfa_row = Int64(scale_cols(k))
-        sfb_expert = Int64(blocked_scale_numel(n, k))
-        c_row = Int64(n) * Int64(self.c_dtype.width // 8)
-        end = start
-        for i in cutlass.range(count, unroll=1):
-            g = first + i
-            nxt = self._clamped_end(ends, g, rows, end)
-            m = nxt - end
-            ptrs[g, tables.PTR_A] = a.toint() + Int64(end) * a_row
-            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
-            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(scale0) * sfa_row
-            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
-            ptrs[g, tables.PTR_C] = c.toint() + Int64(end) * c_row
-            sizes[g, tables.COL_M] = m
-            sizes[g, tables.COL_N] = n
-            sizes[g, tables.COL_K] = k
-            sizes[g, tables.COL_L] = Int32(1)
-            prefix[g] = tile0
-            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
-            scale0 += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
-            end = nxt
-        if lane == 31:
-            prefix[num_groups] = tiles_total

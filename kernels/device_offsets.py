@@ -1,0 +1,158 @@
+"""Device-offsets table derivation shared by the kernel families (Config.device_offsets; the
+serving contract of issue 26 and the masked layout of issue 27).
+
+A mixin: the kernel class provides `tile_m`, `tile_n` (the CTA tile's A rows and B rows, for the
+tile prefix), `c_dtype`, `config.masked` and `_lane_scan(count, lane)` (a warp's inclusive prefix
+sum and total). `_derive_tables` is run by one warp of each CTA before the kernel's roles start:
+it writes the list kernel's pointer, problem-size and CTA-prefix tables (kernels/tables.py) for
+this call into the CTA's own slot of the workspace (runtime.formats.offsets_tables_bytes).
+
+Offsets layout (torch's scaled_grouped_mm 2D x 3D): expert g owns rows offs[g-1] .. offs[g] of a
+and c; each offset is clamped to [0, T] and the ends made non-decreasing (a running maximum)
+before any pointer is formed, so no offs value moves an access outside a, c or sfa's bound of
+round_up(T, 128) + 128 E blocked rows. Masked layout: expert g's rows start at g * max_m,
+masked_m[g] clamped to [0, max_m] of them are valid. Each lane of the warp takes a run of
+consecutive experts; shuffle scans give the running maximum, the CTA-tile prefix and the A-scale
+row prefix.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from kernels import tables
+from runtime.formats import SCALE_ROWS, blocked_scale_numel, scale_cols
+
+SCAN_STEPS = 5  # shuffle-scan steps over a warp's 32 lanes
+
+
+class DeviceOffsets:
+    """The table derivation of a device-offsets kernel (module docstring)."""
+
+    @cute.jit
+    def _clamped_end(self, ends: cute.Tensor, g: Int32, rows: Int32, below: Int32) -> Int32:
+        """Expert g's end row: offs[g] clamped to [0, rows], and at least `below` (the previous
+        expert's end: the running maximum)."""
+        return cutlass.max(cutlass.min(cutlass.max(ends[g], Int32(0)), rows), below)
+
+    @cute.jit
+    def _derive_tables(self, offs, operands, slot, sizes_at, prefix_at, num_groups, rows, n,
+                       k, lane) -> None:
+        """Warp 0: the pointer, problem-size and CTA-prefix tables of this call (module
+        docstring) at `slot`, `sizes_at` and `prefix_at`. Lane l takes experts
+        [l * per, l * per + count)."""
+        gmem = cute.AddressSpace.gmem
+        ends = cute.make_tensor(offs, cute.make_layout(num_groups))
+        ptrs = cute.make_tensor(cute.make_ptr(Int64, slot, gmem, assumed_align=16),
+                                cute.make_layout((num_groups, 5), stride=(5, 1)))
+        sizes = cute.make_tensor(cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
+                                 cute.make_layout((num_groups, 4), stride=(4, 1)))
+        prefix = cute.make_tensor(cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
+                                  cute.make_layout(num_groups + 1))
+        per = (num_groups + 31) // 32
+        first = lane * per
+        count = cutlass.max(cutlass.min(first + per, num_groups) - first, Int32(0))
+        if cutlass.const_expr(self.config.masked):
+            self._masked_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                                lane, first, count)
+        else:
+            self._offsets_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                                 lane, first, count)
+
+    @cute.jit
+    def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, num_groups, max_m, n, k,
+                       lane, first, count) -> None:
+        """The masked layout (Config.masked): expert g's rows start at g * max_m in a and c, its
+        scales at blocked row g * round_up(max_m, 128) of sfa; masked_m[g] clamped to [0, max_m]
+        rows are valid."""
+        a, b, sfa, sfb, c = operands
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        tiles = Int32(0)
+        for i in cutlass.range(count, unroll=1):
+            m = cutlass.min(cutlass.max(masked_m[first + i], Int32(0)), max_m)
+            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
+        tiles_end, tiles_total = self._lane_scan(tiles, lane)
+        tile0 = tiles_end - tiles
+        a_expert = Int64(max_m) * Int64(k // 2)
+        b_expert = Int64(n) * Int64(k // 2)
+        sfa_expert = Int64(blocked_scale_numel(max_m, k))
+        sfb_expert = Int64(blocked_scale_numel(n, k))
+        c_expert = Int64(max_m) * Int64(n) * Int64(self.c_dtype.width // 8)
+        for i in cutlass.range(count, unroll=1):
+            g = first + i
+            m = cutlass.min(cutlass.max(masked_m[g], Int32(0)), max_m)
+            ptrs[g, tables.PTR_A] = a.toint() + Int64(g) * a_expert
+            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
+            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(g) * sfa_expert
+            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
+            ptrs[g, tables.PTR_C] = c.toint() + Int64(g) * c_expert
+            sizes[g, tables.COL_M] = m
+            sizes[g, tables.COL_N] = n
+            sizes[g, tables.COL_K] = k
+            sizes[g, tables.COL_L] = Int32(1)
+            prefix[g] = tile0
+            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
+        if lane == 31:
+            prefix[num_groups] = tiles_total
+
+    @cute.jit
+    def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
+                        lane, first, count) -> None:
+        """The offsets layout (torch's 2D x 3D form; module docstring)."""
+        a, b, sfa, sfb, c = operands
+
+        # The running maximum of the clamped offsets at the end of the previous lanes' experts.
+        top = Int32(0)
+        for i in cutlass.range(count, unroll=1):
+            top = self._clamped_end(ends, first + i, rows, top)
+        for d in cutlass.range_constexpr(SCAN_STEPS):
+            below = cute.arch.shuffle_sync_up(top, 1 << d)
+            if lane >= (1 << d):
+                top = cutlass.max(top, below)
+        start = cute.arch.shuffle_sync_up(top, 1)
+        if lane == 0:
+            start = Int32(0)
+
+        # This lane's CTA tiles and padded A-scale rows; the scans give where they start.
+        tiles_n = (n + self.tile_n - 1) // self.tile_n
+        end = start
+        tiles = Int32(0)
+        scale_rows = Int32(0)
+        for i in cutlass.range(count, unroll=1):
+            nxt = self._clamped_end(ends, first + i, rows, end)
+            m = nxt - end
+            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            scale_rows += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
+            end = nxt
+        tiles_end, tiles_total = self._lane_scan(tiles, lane)
+        scale_end, _ = self._lane_scan(scale_rows, lane)
+
+        tile0 = tiles_end - tiles
+        scale0 = scale_end - scale_rows
+        a_row = Int64(k // 2)
+        b_expert = Int64(n) * Int64(k // 2)
+        sfa_row = Int64(scale_cols(k))
+        sfb_expert = Int64(blocked_scale_numel(n, k))
+        c_row = Int64(n) * Int64(self.c_dtype.width // 8)
+        end = start
+        for i in cutlass.range(count, unroll=1):
+            g = first + i
+            nxt = self._clamped_end(ends, g, rows, end)
+            m = nxt - end
+            ptrs[g, tables.PTR_A] = a.toint() + Int64(end) * a_row
+            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
+            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(scale0) * sfa_row
+            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
+            ptrs[g, tables.PTR_C] = c.toint() + Int64(end) * c_row
+            sizes[g, tables.COL_M] = m
+            sizes[g, tables.COL_N] = n
+            sizes[g, tables.COL_K] = k
+            sizes[g, tables.COL_L] = Int32(1)
+            prefix[g] = tile0
+            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            scale0 += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
+            end = nxt
+        if lane == 31:
+            prefix[num_groups] = tiles_total
