@@ -28,6 +28,18 @@ from runtime.formats import SCALE_ROWS, blocked_scale_numel, scale_cols
 SCAN_STEPS = 5  # shuffle-scan steps over a warp's 32 lanes
 
 
+@cute.jit
+def lane_scan(count, lane) -> tuple:
+    """A warp's lanes each hold a count: returns this lane's inclusive prefix sum and the
+    warp's total, by a shuffle scan."""
+    end = count
+    for d in cutlass.range_constexpr(SCAN_STEPS):
+        below = cute.arch.shuffle_sync_up(end, 1 << d)
+        if lane >= (1 << d):
+            end = end + below
+    return end, cute.arch.shuffle_sync(end, 31)
+
+
 class DeviceOffsets:
     """The table derivation of a device-offsets kernel (module docstring)."""
 

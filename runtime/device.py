@@ -198,8 +198,11 @@ class OffsetsPlan:
               if p.kind in ("operand", "table")}
         if "masked_m" in at:  # a masked-layout kernel: masked_m takes offs' place
             at["offs"] = at["masked_m"]
-        offsets = [at[r] for r in OFFSETS_CALL_ROLES]
-        if offsets == list(range(offsets[0], offsets[0] + 8 * len(offsets), 8)):
+        # The roles this kernel takes (an sm_100a kernel has no grid barrier), with slots.
+        present = [(i, at[r]) for i, r in enumerate(OFFSETS_CALL_ROLES) if r in at]
+        offsets = [o for _, o in present]
+        if (len(present) == len(OFFSETS_CALL_ROLES)
+                and offsets == list(range(offsets[0], offsets[0] + 8 * len(offsets), 8))):
             whole = struct.Struct(f"<{len(offsets)}Q")
             first = offsets[0]
             self._pack = lambda buf, vals: whole.pack_into(buf, first, *vals)
@@ -207,8 +210,8 @@ class OffsetsPlan:
             one = struct.Struct("<Q")
 
             def pack(buf: Any, vals: tuple[int, ...]) -> None:
-                for o, v in zip(offsets, vals):
-                    one.pack_into(buf, o, v)
+                for i, o in present:
+                    one.pack_into(buf, o, vals[i])
             self._pack = pack
 
     def _slot(self) -> tuple[PackedParams, Any]:

@@ -54,7 +54,7 @@ def test_expert_sets_build_device_offsets_kernels_and_only_they_may() -> None:
                            "shapes.yaml", fams)
     layer, lists = spec.sets
     opts = {b.arch: dict(b.options) for b in layer.builds}
-    assert opts == {"sm_90a": {"device_offsets": True}, "sm_100a": {}}  # sm100 has no option
+    assert opts == {"sm_90a": {"device_offsets": True}, "sm_100a": {"device_offsets": True}}
     assert all(dict(b.options) == {} for b in lists.builds)
     off = parse_spec_text(head + "  - {name: layer, experts: 8, n: 512, k: 1024, options: "
                           "{sm_90a: {device_offsets: false}}}\n", "shapes.yaml", fams)

@@ -84,3 +84,29 @@ def test_shipped_kernel(shipped: Path, item) -> None:
         assert k.block == (128 * (1 + opts["tile_n"] // 64), 1, 1)
         assert k.tile.m == opts["tile_m"] and k.tile.n == opts["tile_n"]
         assert k.grid.cooperative == bool(opts["a_fp16"])
+
+
+@NEEDS_DSL
+def test_expert_sets_are_served_by_device_offsets_kernels_on_both_archs(shipped: Path) -> None:
+    """Issue 26/27: every experts: set entry's kernel takes the call's operands and its index
+    tensor (offs, or masked_m for masked sets) in the order runtime/device.py's OffsetsPlan
+    packs them, on sm_90a and (built, never run) sm_100a; list sets' kernels take none."""
+    import yaml
+
+    expert_sets = {s["name"]: s for s in yaml.safe_load((REPO / "shapes.yaml").read_text())["sets"]
+                   if "experts" in s}
+    m = load_manifest(shipped)
+    archs = set()
+    for e in m.sets:
+        operands = [p.operand for p in e.params if p.kind == "operand"]
+        if e.set not in expert_sets:
+            assert operands == [], e.name
+            continue
+        masked = bool(expert_sets[e.set].get("options", {}).get(e.arch, {}).get("masked"))
+        index = "masked_m" if masked else "offs"
+        assert operands == [index, "a", "b", "sfa", "sfb", "c"], e.name
+        assert e.takes_offsets and e.takes_masked == masked, e.name
+        scalars = [p.value for p in e.params if p.kind == "scalar"]
+        assert scalars == ["num_groups", "max_m" if masked else "rows", "n", "k"], e.name
+        archs.add(e.arch)
+    assert archs == {"sm_90a", "sm_100a"}

@@ -24,6 +24,11 @@ class Config:
     # the epilogue multiplies the fp32 accumulator by the group's alpha, then rounds to it.
     out_dtype: str = "float16"
     ab_stages: int = 6  # shared-memory stages of the A/B/SFA/SFB pipeline
+    # The serving contract (issue 26; kernels/sm100/offsets.py): the kernel takes the expert
+    # offsets and base pointers and derives its tables on the device, as on sm_90a. Implied by
+    # shapes.yaml's `experts:` sets. `masked`: the masked layout (issue 27) instead.
+    device_offsets: bool = False
+    masked: bool = False
 
 
 def check(config: Config) -> list[str]:
@@ -34,6 +39,12 @@ def check(config: Config) -> list[str]:
                        f"{config.out_dtype!r}")
     if config.acc_stages not in ACC_STAGES:
         reasons.append(f"acc_stages must be one of {list(ACC_STAGES)}, but got {config.acc_stages}")
+    for name in ("device_offsets", "masked"):
+        if not isinstance(getattr(config, name), bool):
+            reasons.append(f"{name} must be true or false, but got {getattr(config, name)!r}")
+    if config.masked is True and config.device_offsets is not True:
+        reasons.append("masked needs device_offsets: true (the masked layout's tables are "
+                       "derived on the device; give it on an experts: set)")
     if not 2 <= config.ab_stages <= 8:
         reasons.append(f"ab_stages must be in 2..8, but got {config.ab_stages}")
     elif config.ab_stages * STAGE_BYTES + SMEM_OVERHEAD_BYTES > SMEM_LIMIT:

@@ -58,7 +58,9 @@ row atoms). The extents only shape the template the runtime encodes with cuTenso
 and coordinates are linear in the tile index, so they do not limit the problem size.
 
 Constraints: k % 256 == 0 (whole K tiles), n % 8 == 0 (16-byte C rows for the 128-bit stores),
-every group has m, n, k > 0 (a group without tiles would break the forward walk) and l == 1;
+n, k > 0 and l == 1 for every group (m = 0 is legal: the forward walk steps over groups
+without tiles; until 2026-12-04 it stepped one group at a time, which a dynamic-m call with an
+empty group would have broken);
 m * n < 2**31 (C offsets are 32-bit, as in the original); A, B, SFA, SFB, C and the tables 16-byte
 aligned (alpha: 4-byte); the tensormap workspace 128-byte aligned with 512 bytes per launched CTA,
 never shared by launches that can overlap.
@@ -158,6 +160,7 @@ class Sm100GroupedGemm:
         reasons = sm100_config.check(config)
         if reasons:
             raise ValueError("invalid sm100 config: " + "; ".join(reasons))
+        self.config = config
         self.acc_stages = config.acc_stages
         self.ab_stages = config.ab_stages
         self.c_dtype = C_DTYPES[config.out_dtype]  # what the epilogue rounds C to
@@ -177,6 +180,19 @@ class Sm100GroupedGemm:
         alpha: cute.Pointer,
         num_groups: cutlass.Int32,
     ):
+        args = self.abi
+        self._record_traced(args)
+        args.table("problem_sizes", problem_sizes, "problem_sizes")
+        args.table("pointers", pointers, "pointers")
+        args.table("cta_prefix", cta_prefix, "cta_prefix")
+        args.table("tensormap_workspace", tensormap_workspace, "tensormap_workspace")
+        args.table("alpha", alpha, "alpha")
+        args.scalar("num_groups", num_groups, "num_groups")
+        self._launch(args, num_groups)
+
+    def _record_traced(self, args: abi.KernelArgs) -> None:
+        """The kernel's first parameters: the MMA state, the four TMA templates with their
+        (static) coordinate tensors, and the (static) shared-memory layouts."""
         tiled_mma = self._make_tiled_mma()
         a_smem, b_smem, sfa_smem, sfb_smem = self._make_smem_layouts(tiled_mma, self.ab_stages)
 
@@ -211,7 +227,6 @@ class Sm100GroupedGemm:
             cluster_vmnk.shape, internal_type=cutlass.Int16,
         )
 
-        args = self.abi
         args.zeros("tiled_mma", tiled_mma, MMA_STATE_BYTES, MMA_STATE_ALIGN)
         args.tma_template("tma_a", tma_a, "a", subbyte_tma_geometry(
             tma_a, a_shape, a_stride, tma_swizzle(a_smem), L2_PROMOTION))
@@ -229,13 +244,9 @@ class Sm100GroupedGemm:
         args.static("b_smem_layout", b_smem)
         args.static("sfa_smem_layout", sfa_smem)
         args.static("sfb_smem_layout", sfb_smem)
-        args.table("problem_sizes", problem_sizes, "problem_sizes")
-        args.table("pointers", pointers, "pointers")
-        args.table("cta_prefix", cta_prefix, "cta_prefix")
-        args.table("tensormap_workspace", tensormap_workspace, "tensormap_workspace")
-        args.table("alpha", alpha, "alpha")
-        args.scalar("num_groups", num_groups, "num_groups")
 
+    def _launch(self, args: abi.KernelArgs, num_groups: cutlass.Int32) -> None:
+        """Launch `self.kernel` on the recorded arguments (trace time only)."""
         # The grid here only feeds the DSL's own launcher, which is never used. It is a run-time
         # value so that no exact grid is recorded that the compiler could fold %nctaid with.
         self.kernel(*args.values()).launch(
@@ -506,7 +517,7 @@ class Sm100GroupedGemm:
             tensormap_sfb_desc_ptr = tensormap_manager.get_tensormap_ptr(
                 tensormap_sfb_gmem_ptr, cute.AddressSpace.generic)
             while tile_idx < tile_end:
-                if tile_idx >= group_end:
+                while tile_idx >= group_end:  # groups without tiles (m = 0) are passed
                     group_idx = group_idx + 1
                     group_end = cta_prefix[group_idx + 1]
                 if group_idx != prev_group_idx:
@@ -597,7 +608,7 @@ class Sm100GroupedGemm:
             group_idx = self._find_group(cta_prefix, num_groups, tile_idx)
             group_end = cta_prefix[group_idx + 1]
             while tile_idx < tile_end:
-                if tile_idx >= group_end:
+                while tile_idx >= group_end:  # groups without tiles (m = 0) are passed
                     group_idx = group_idx + 1
                     group_end = cta_prefix[group_idx + 1]
                 if group_idx != prev_group_idx:
@@ -850,14 +861,23 @@ def compile_dsl(config: sm100_config.Config) -> tuple[Sm100GroupedGemm, Any, byt
             f"CUTE_DSL_ARCH={imported!r}; the DSL reads the arch once, at import: compile in a "
             "subprocess that sets the variable before importing cutlass"
         )
-    gemm = Sm100GroupedGemm(config)
     i32_ptr = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=16)
     i64_ptr = make_ptr(cutlass.Int64, 0, cute.AddressSpace.gmem, assumed_align=16)
     f32_ptr = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+    if config.device_offsets:  # offs, a, b, sfa, sfb, c, workspace, alpha, E, rows, n, k
+        from kernels.sm100.offsets import Sm100OffsetsGemm
+
+        gemm: Sm100GroupedGemm = Sm100OffsetsGemm(config)
+        offs = make_ptr(cutlass.Int32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        u8 = make_ptr(cutlass.Uint8, 0, cute.AddressSpace.gmem, assumed_align=16)
+        call = (offs, u8, u8, u8, u8, u8, i64_ptr, f32_ptr, *(cutlass.Int32(1),) * 4)
+    else:
+        gemm = Sm100GroupedGemm(config)
+        call = (i32_ptr, i64_ptr, i32_ptr, i64_ptr, f32_ptr, cutlass.Int32(1))
     with tempfile.TemporaryDirectory(prefix="sm100_gg_") as dump_dir:
         # Without an existing dump directory __cubin__ / __ptx__ are paths, not contents.
         compiled = cute.compile(
-            gemm, i32_ptr, i64_ptr, i32_ptr, i64_ptr, f32_ptr, cutlass.Int32(1),
+            gemm, *call,
             options=f"--gpu-arch {ARCH} --keep-cubin --keep-ptx --dump-dir {dump_dir}",
         )
         cubin = compiled.__cubin__

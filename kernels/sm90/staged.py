@@ -12,6 +12,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
+from kernels.device_offsets import lane_scan
 from runtime.formats import offsets_tables_bytes
 
 from . import tma
@@ -290,12 +291,7 @@ class StagedA:
         """A warp's lanes each hold a count (lane g: group g's chunks or rows): returns this
         lane's inclusive prefix sum (where its group's range ends) and the warp's total, by a
         shuffle scan."""
-        end = count
-        for d in cutlass.range_constexpr(5):
-            below = cute.arch.shuffle_sync_up(end, 1 << d)
-            if lane >= (1 << d):
-                end = end + below
-        return end, cute.arch.shuffle_sync(end, 31)
+        return lane_scan(count, lane)
 
     @cute.jit
     def _lane_groups(self, found, end_l, num_groups, keys) -> None:
