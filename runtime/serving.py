@@ -29,8 +29,8 @@ Host cost: a call whose tensors match an earlier validated call's types, dtypes,
 shapes and strides (torch's C++ TensorGuards, keyed by the weights' id) skips validation and
 planning: 9.6-10.3 us per eager call on the H200 at E = 8 to 256 (2026-12-04, bench/RESULTS.md).
 
-Kernels without the offsets ABI (list-API dynamic-m kernels of E identical groups, and the
-sm_100a kernels, which have no device-offsets variant yet) are served through device tables
+Kernels without the offsets ABI (list-API dynamic-m kernels of E identical groups) are served
+through device tables
 computed from offs with a few dozen torch ops in the caller's stream (device_tables below):
 capturable and exact, but 600-650 us of host time per eager call.
 """
