@@ -27,12 +27,12 @@ rows inside the sfa bound above (compute-sanitizer memcheck: 0 errors, 2026-12-0
 
 Host cost: a call whose tensors match an earlier validated call's types, dtypes, devices,
 shapes and strides (torch's C++ TensorGuards, keyed by the weights' id) skips validation and
-planning: 9.6-10.3 us per eager call on the H200 at E = 8 to 256 (2026-12-04, bench/RESULTS.md).
+planning: 10-12 us per eager call on the H200 at E = 128 and 256, back to back with new
+routing each call; 13-19 us right after a sync (2026-12-04, bench/RESULTS.md).
 
 Kernels without the offsets ABI (list-API dynamic-m kernels of E identical groups) are served
-through device tables
-computed from offs with a few dozen torch ops in the caller's stream (device_tables below):
-capturable and exact, but 600-650 us of host time per eager call.
+through device tables computed from offs with a few dozen torch ops in the caller's stream
+(device_tables below): capturable and exact, but 600-650 us of host time per eager call.
 """
 
 from __future__ import annotations
