@@ -45,6 +45,12 @@ for s in "${STEPS[@]}"; do
     # The model benchmark (issues 26, 27): every declared model layer at 64..16384 tokens.
     models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \
         --json "$LOG/models.json" ;;
+    # Not yet run on a GPU (sixteenth session): the masked layout (issue 27).
+    masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
+    # torch.compile default / reduce-overhead, compat, host us with new routing per call.
+    extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
+    # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first).
+    decode_ab) step decode_ab 150 python experiments/decode_ab.py --artifacts .artifacts_ab ;;
     *) echo "unknown step $s" ;;
     esac
 done
