@@ -125,3 +125,20 @@ def test_help_runs_without_a_gpu() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "--tokens" in proc.stdout and "--topk" in proc.stdout
+
+
+def test_masked_bench_counts_and_table() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_masked as bmk
+
+    counts = bmk.masked_counts(32, 64, 0.5, seed=27)
+    assert counts == bmk.masked_counts(32, 64, 0.5, seed=27)  # reproducible
+    assert len(counts) == 32 and all(0 <= c <= 64 for c in counts)
+    assert counts.count(0) >= 8  # a quarter of the experts empty
+    assert max(bmk.masked_counts(4, 16, 1.0, seed=1)) <= 16  # capped at max_m
+    row = {"set": "s", "experts": 32, "n": 256, "k": 512, "max_m": 64, "rows": 700,
+           "experts_hit": 24, "ours_us": 10.0, "grouped_mm_us": 25.0, "fp8_us": float("nan"),
+           "fp4_floor_us": 5.0, "check": "exact"}
+    head, rule, line = bmk.table([row]).splitlines()
+    assert head.count("|") == rule.count("|") == line.count("|")
+    assert line == "| s | 32 | 256 | 512 | 64 | 700 | 24 | 10.0 | 25.0 | 2.50 | n/a | n/a | 5.0 | 50 | exact |"
