@@ -47,6 +47,8 @@ for s in "${STEPS[@]}"; do
         --json "$LOG/models.json" ;;
     # Not yet run on a GPU (sixteenth session): the masked layout (issue 27).
     masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
+    masked_bench) step masked_bench 300 python bench/bench_masked.py --artifacts artifacts \
+        --reps 50 --json "$LOG/masked.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
     # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first).
