@@ -1,23 +1,15 @@
-"""The device-offsets kernel (Config.device_offsets): the serving contract of issue 26.
+"""The sm_90a device-offsets kernel (Config.device_offsets): the serving contract of issue 26,
+and with Config.masked the masked layout of issue 27.
 
-The call is torch's scaled_grouped_mm 2D x 3D layout, with nothing computed on the host:
-    a (T, K/2) packed fp4, rows grouped by expert; b (E, N, K/2); sfa blocked, each expert's
-    rows padded to 128 (expert g's scales start at row sum_{i<g} round_up(m_i, 128)); sfb
-    (E, blocked(N, K)); c (T, N); offs (E,) int32 cumulative end offsets (expert g owns rows
-    offs[g-1] .. offs[g]).
-The kernel takes the operands' base addresses, offs, T, N and K as parameters. Each CTA's first
-warp derives the list kernel's three tables (kernels/tables.py layouts) from them into the CTA's
-own slot of the workspace (runtime.formats.offsets_tables_bytes, after the descriptor sets), the
-CTA synchronizes, and the kernel runs exactly as the list kernel does on those tables. One
-launch per call and no per-call host work: a captured graph serves every routing.
-
-Bad offsets cannot move an access out of bounds: each offset is clamped to [0, T] and the ends
-are made non-decreasing (a running maximum) before any pointer is formed, so every expert's rows
-lie inside a and c and its scale rows inside sfa's bound of round_up(T, 128) + 128 E rows.
-
-Each lane of the warp takes a run of consecutive experts; shuffle scans give the running
-maximum, the CTA-tile prefix and the A-scale row prefix. Every CTA reads E offsets and writes
-about 60 E bytes: for E = 256, 15 KB per CTA, read back from L1/L2 by its own roles.
+The call is torch's scaled_grouped_mm 2D x 3D layout (or DeepGEMM's masked layout), with
+nothing computed on the host: the kernel takes the operands' base addresses, offs (or masked_m),
+T (or max_m), N and K as parameters. Warp 0 of each CTA derives the list kernel's three tables
+from them into the CTA's own slot of the workspace, after the descriptor sets
+(kernels/device_offsets.py has the derivation, the clamping that keeps bad offsets in bounds,
+and the layouts); the CTA synchronizes, and the kernel runs exactly as the list kernel does on
+those tables. One launch per call and no per-call host work: a captured graph serves every
+routing. Every CTA reads E offsets and writes about 60 E bytes: for E = 256, 15 KB per CTA, read
+back from L1/L2 by its own roles.
 """
 
 from __future__ import annotations
