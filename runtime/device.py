@@ -247,6 +247,8 @@ class DeviceRuntime:
         self._arena = device_tables.CaptureArena()
         self._lock = threading.Lock()
         self._placeholder: torch.Tensor | None = None
+        self._alloc_stream: Any = None  # _long_lived's allocation stream
+        self._alloc_lock = threading.Lock()
         self._stream = _raw_stream_getter()
         # (raw stream handle, header bytes) -> (workspace tensor, bytes, address); see the
         # module docstring. Kernels that keep state in a zeroed header never share a workspace
@@ -275,9 +277,8 @@ class DeviceRuntime:
             if tma_params:
                 if self._placeholder is None:
                     # Never read through (the kernel patches address, dims and strides per
-                    # group), so torch.empty: no fill kernel that a capture would record.
-                    self._placeholder = torch.empty(256, dtype=torch.uint8,
-                                                    device=self.torch_device)
+                    # group), so left unfilled: no fill kernel that a capture would record.
+                    self._placeholder = self._long_lived(256, owner=False)
                 with cuda.current(self.device):
                     for p in tma_params:
                         templates[p.name] = tma.encode(
@@ -488,17 +489,61 @@ class DeviceRuntime:
         ws = self._workspaces.get(key)
         if ws is None or ws[1] < nbytes:
             size = max(nbytes, WORKSPACE_MIN, 2 * ws[1] if ws is not None else 0)
-            # Allocated on `stream` (torch's current stream of this device): the caching
-            # allocator reuses it, once dropped, only in that stream's order.
-            t = torch.empty(size, dtype=torch.uint8, device=self.torch_device)
+            t = self._long_lived(size)
             if header:
-                t[:header].zero_()
+                t[:header].zero_()  # on this stream, after the allocation (_long_lived)
             ws = (t, size, t.data_ptr())
             with self._lock:
                 if len(self._workspaces) >= WORKSPACE_STREAMS and key not in self._workspaces:
                     self._workspaces.clear()  # in-flight launches hold their own references
                 self._workspaces[key] = ws
         return ws
+
+    def _long_lived(self, nbytes: int, owner: bool = True) -> torch.Tensor:
+        """A buffer that outlives the call (a stream's workspace, the TMA placeholder), owned by
+        the current stream, allocated outside any CUDA-graph pool.
+
+        torch.compile's "reduce-overhead" mode warms its graphs up under
+        `torch._C._cuda_beginAllocateCurrentThreadToPool` (torch/_inductor/cudagraph_trees.py),
+        which sends every allocation of the calling thread, on any stream, to the graph's
+        private pool; a workspace kept across calls there fails the capture ("tensor(s) in the
+        cudagraph pool not tracked as outputs", seen on the H200 2026-12-04). So the buffer is
+        allocated by a helper thread on this device's allocation stream, where no work ever
+        runs, and with `owner` the current stream owns it through record_stream: the caching
+        allocator reuses it, once dropped, only after the current stream's work. (The
+        placeholder, never read by a kernel and never freed, needs no owner.) Rare: the first
+        call per stream and each regrow. NOT YET RUN ON A GPU (2026-12-04)."""
+        box: list[Any] = []
+
+        def allocate() -> None:
+            try:
+                if self.torch_device.type == "cuda":
+                    with torch.cuda.stream(self._allocation_stream()):
+                        box.append(torch.empty(nbytes, dtype=torch.uint8,
+                                               device=self.torch_device))
+                else:  # the CPU tests' fake device
+                    box.append(torch.empty(nbytes, dtype=torch.uint8, device=self.torch_device))
+            except BaseException as exc:  # re-raised in the caller's thread
+                box.append(exc)
+
+        helper = threading.Thread(target=allocate, name="nvfp4-allocate", daemon=True)
+        helper.start()
+        helper.join()
+        t = box[0]
+        if isinstance(t, BaseException):
+            raise t
+        if owner and self.torch_device.type == "cuda":
+            t.record_stream(torch.cuda.current_stream(self.torch_device))
+        return t
+
+    def _allocation_stream(self) -> Any:
+        """This device's stream for _long_lived allocations. Its own lock: _prepare holds the
+        runtime lock when it allocates the placeholder."""
+        if self._alloc_stream is None:
+            with self._alloc_lock:
+                if self._alloc_stream is None:
+                    self._alloc_stream = torch.cuda.Stream(self.torch_device)
+        return self._alloc_stream
 
     def _launch_eager(self, dp: DevicePlan, stream: int,
                       table: device_tables.DeviceTable, alpha: int) -> None:

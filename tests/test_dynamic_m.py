@@ -517,6 +517,7 @@ def dev(monkeypatch: pytest.MonkeyPatch):
     rt._lock = threading.Lock()
     rt._arena = None  # used only under capture, whose tests give it a FakeArena
     rt._workspaces = {}
+    rt._alloc_stream, rt._alloc_lock = None, threading.Lock()
     rt.stream = 7
     rt._stream = lambda ordinal: rt.stream
     e, _ = entry(groups=[[192, 3072, 4096], [320, 3072, 4096]])

@@ -277,3 +277,26 @@ def test_to_blocked_grouped_clamps_bad_offsets() -> None:
     bad = to_blocked_grouped(plain, torch.tensor([40, 10, 500, -3], dtype=torch.int32))
     fixed = to_blocked_grouped(plain, torch.tensor([40, 40, 64, 64], dtype=torch.int32))
     assert torch.equal(bad, fixed)
+
+
+def test_long_lived_buffers_are_allocated_off_the_calling_thread(dev, monkeypatch) -> None:  # noqa: F811
+    """torch.compile's reduce-overhead warm-up routes every allocation of the calling thread to
+    its graph pool (torch/_inductor/cudagraph_trees.py): a stream's workspace, kept across
+    calls, must come from another thread. Its zeroed header is written by the caller."""
+    import threading
+
+    import torch
+
+    real_empty = torch.empty
+    threads = []
+
+    def empty(*args, **kw):
+        threads.append(threading.get_ident())
+        return real_empty(*args, **kw).fill_(7)  # garbage, as fresh device memory may hold
+
+    monkeypatch.setattr(torch, "empty", empty)
+    ws = dev.rt._workspace(7, 5000, 128)
+    assert threads and all(t != threading.get_ident() for t in threads)
+    assert ws[1] >= 5000 and bool((ws[0][:128] == 0).all()) and int(ws[0][128]) == 7
+    assert dev.rt._workspace(7, 100, 128) is ws  # kept: no second allocation
+    assert len(threads) == 1
