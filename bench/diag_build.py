@@ -8,7 +8,7 @@ Each variant is a subclass of the shipped kernel class that overrides one role m
 (bench/diag_kernels.py); build_kernels.py builds it through the builder's families hook
 (NVFP4_BUILD_FAMILIES=diag_families, bench/diag_families.py) with NVFP4_DIAG_VARIANT naming
 the variant, always recompiling (--force: the build key does not know the variant). Variants
-(bench/RESULTS.md, 2026-11-30, has runs of the first three):
+(docs/lab_notebook.md, 2026-11-30, has runs of the first three):
   noconv        weight words go to the wgmma fragments unconverted (loads kept)
   nomma         no wgmma; the converted fragments are folded into one live register
   half_a        the fp16 A TMA box has tile_m / 2 rows: the L2 traffic of a 2-CTA multicast

@@ -105,7 +105,7 @@ class CaptureArena:
     graph dies, so they live for the process: a few hundred bytes per captured launch,
     bump-allocated in 64 KiB chunks. They are written at capture time, outside the graph,
     through a private non-blocking stream that is synchronized at once: the graph then holds no
-    copy node, which cost 2.9 us of every replay on the H200 (bench/RESULTS.md, 2026-11-30).
+    copy node, which cost 2.9 us of every replay on the H200 (docs/lab_notebook.md, 2026-11-30).
     """
 
     CHUNK = 1 << 16

@@ -131,11 +131,11 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A produc
      PATCH_AHEAD_NEEDS),
     ({"patch_ahead": False},
      "patch_ahead must be true with a_fp16: true (the v3 kernel has no other path: patching at "
-     "each tile's start was slower, bench/RESULTS.md seventh session), but got false"),
+     "each tile's start was slower, docs/lab_notebook.md seventh session), but got false"),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": False},
      "async_epilogue must be true with a_fp16: true (the v3 kernel has no other path: its "
-     "consumers' own C stores were slower, bench/RESULTS.md sixth session), but got false"),
+     "consumers' own C stores were slower, docs/lab_notebook.md sixth session), but got false"),
     ({**V2, "async_epilogue": True},
      ASYNC_EPILOGUE_NEEDS),
     ({"stream_a": 1}, "stream_a must be true or false, but got 1"),

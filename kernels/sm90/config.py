@@ -21,7 +21,7 @@ ACC_STAGES = (1,)
 # accumulator needs two consumer warpgroups' share of the register file) converts each weight
 # tile once for up to 256 tokens. 80, 96 and 112 (a_fp16 only) fit a set's m with fewer padded
 # MMA rows: moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664,
-# 86.0 -> 78.8 us (bench/RESULTS.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
+# 86.0 -> 78.8 us (docs/lab_notebook.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
 # aborts the process compiling 88, 104 or 120.
 # 16 and 32 (issue 27, decode): at a few tokens per expert a 64-row tile multiplies mostly
 # padding; the wgmma N shrinks with the tile (a_fp16 only: the v2 path was never measured so).
@@ -64,14 +64,14 @@ class Config:
     # wip-v3-direct-epilogue): the consumers write each finished tile into a shared-memory C
     # tile and go on to the next tile; the producer warpgroup's three idle warps copy it out.
     # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128,
-    # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (bench/RESULTS.md,
+    # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (docs/lab_notebook.md,
     # 2026-11-30, sixth session).
     async_epilogue: bool = True
     # v3 (a_fp16) only, and always on there (wip-v3-direct-epilogue has the patch at the tile
     # start): the producer patches the descriptors of its next tile's group one tile
     # ahead (and prefetches them), instead of when that tile starts; a group change then no
     # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
-    # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (bench/RESULTS.md, seventh session).
+    # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (docs/lab_notebook.md, seventh session).
     patch_ahead: bool = True
     # With a_fp16: phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps
     # 1..3 stage A in K order (kernels/sm90/staging.py, "streamed staging") while the consumers
@@ -106,7 +106,7 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
     while the producer warpgroup drops to `producer`. Registers only move inside the CTA's
     launch allocation, so the consumers take no more than the producer gives up; a split that
     asks for more hangs at the consumers' setmaxnreg.inc (four consumer warpgroups at 56 / 112
-    did on the H200, bench/RESULTS.md, 2026-11-30, eighth session)."""
+    did on the H200, docs/lab_notebook.md, 2026-11-30, eighth session)."""
     launch = launch_registers(128 * (consumer_warpgroups + 1))
     return (launch - producer) >= consumer_warpgroups * (consumer - launch)
 
@@ -212,8 +212,8 @@ _STAGED_ONLY = (
 
 # Options v3 always has (their off paths lost in measurement; branch wip-v3-direct-epilogue).
 _STAGED_ALWAYS = {
-    "async_epilogue": "its consumers' own C stores were slower, bench/RESULTS.md sixth session",
-    "patch_ahead": "patching at each tile's start was slower, bench/RESULTS.md seventh session",
+    "async_epilogue": "its consumers' own C stores were slower, docs/lab_notebook.md sixth session",
+    "patch_ahead": "patching at each tile's start was slower, docs/lab_notebook.md seventh session",
 }
 
 

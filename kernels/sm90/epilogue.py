@@ -109,7 +109,7 @@ class AsyncEpilogue:
         # their next tile, t + grid. The storers post it one hand-over earlier: t + grid before
         # the first hand-over, then t + 2 grid after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
-        # between tiles (bench/RESULTS.md, eleventh session).
+        # between tiles (docs/lab_notebook.md, eleventh session).
         ahead = self._post_next_tile(storage, cta, bidx + grid, Int32(0), st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)

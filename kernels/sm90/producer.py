@@ -141,7 +141,7 @@ class TileProducer:
         patched into the next descriptor set), then each weight stage one stage before its A,
         with the next tile's first weight stage before this tile's last A. So a tile start
         waits neither for weights issued after the previous tile's last A slot came free nor
-        for the producer's per-tile work (bench/RESULTS.md, tenth session). The first tile's
+        for the producer's per-tile work (docs/lab_notebook.md, tenth session). The first tile's
         first `pre` (>= 1) weight stages come from the prologue. Returns the pipeline states."""
         sizes, prefix = cta.sizes, cta.prefix
         total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid

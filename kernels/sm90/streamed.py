@@ -13,7 +13,7 @@ warp barrier, then its lane 0's release add; the producer's acquire load, then
 fence.proxy.async, then the TMA loads (async proxy) of the fp16 A. Each warp counts its own
 iterations: the stagers never wait for each other, and they use no named barrier (with one
 among them, compute-sanitizer's racecheck reported hazards on the C tile these warps later hand
-over, bench/RESULTS.md, ninth session). They run at the producer warpgroup's registers, 64 with
+over, docs/lab_notebook.md, ninth session). They run at the producer warpgroup's registers, 64 with
 stream_a (staged.py, STREAM_A_SPLIT).
 """
 
