@@ -23,7 +23,14 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64
 
 from kernels import tables
-from runtime.formats import SCALE_ROWS, blocked_scale_numel, scale_cols
+from runtime.formats import (
+    POINTER_ROW_BYTES,
+    PROBLEM_ROW_BYTES,
+    SCALE_ROWS,
+    blocked_scale_numel,
+    offsets_tables_bytes,
+    scale_cols,
+)
 
 SCAN_STEPS = 5  # shuffle-scan steps over a warp's 32 lanes
 
@@ -43,11 +50,64 @@ def lane_scan(count, lane) -> tuple:
 class DeviceOffsets:
     """The table derivation of a device-offsets kernel (module docstring)."""
 
+    def _record_call(self, args, index, operands) -> None:
+        """Record the call's parameters in the families' shared order: the index tensor (offs,
+        or masked_m with Config.masked), the operands a, b, sfa, sfb, c (the runtime's
+        OffsetsPlan packs them in this order)."""
+        name = "masked_m" if self.config.masked else "offs"
+        args.operand(name, index, name)
+        for op, ptr in zip(("a", "b", "sfa", "sfb", "c"), operands):
+            args.operand(op, ptr, op)
+
+    def _record_dims(self, args, rows, n, k) -> None:
+        """Record rows (max_m with Config.masked), n and k, the last scalars of the call."""
+        name = "max_m" if self.config.masked else "rows"
+        args.scalar(name, rows, name)
+        args.scalar("n", n, "n")
+        args.scalar("k", k, "k")
+
+    @cute.jit
+    def _tables_in_slot(self, slots_base, bidx, index, operands, num_groups, rows, n, k, tidx,
+                        warp_idx) -> tuple:
+        """The prologue of every device-offsets kernel: warp 0 derives this CTA's tables into
+        its slot (slots_base + bidx * offsets_tables_bytes(E), past the CTAs' descriptors), the
+        CTA synchronizes, and (problem sizes, pointers, CTA prefix) pointers come back."""
+        slot = slots_base + Int64(bidx) * Int64(offsets_tables_bytes(num_groups))
+        sizes_at = slot + Int64(POINTER_ROW_BYTES) * Int64(num_groups)
+        prefix_at = sizes_at + Int64(PROBLEM_ROW_BYTES) * Int64(num_groups)
+        if warp_idx == 0:
+            self._derive_tables(index, operands, slot, sizes_at, prefix_at, num_groups, rows,
+                                n, k, tidx)
+        # The tables (plain global stores of warp 0) are read by every role from here on.
+        cute.arch.barrier()
+        gmem = cute.AddressSpace.gmem
+        return (cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
+                cute.make_ptr(Int64, slot, gmem, assumed_align=16),
+                cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8))
+
     @cute.jit
     def _clamped_end(self, ends: cute.Tensor, g: Int32, rows: Int32, below: Int32) -> Int32:
         """Expert g's end row: offs[g] clamped to [0, rows], and at least `below` (the previous
         expert's end: the running maximum)."""
         return cutlass.max(cutlass.min(cutlass.max(ends[g], Int32(0)), rows), below)
+
+    def _tiles_of(self, m, tiles_n):
+        """CTA tiles of an expert with m rows (ceil(m / tile_m) m-tiles of tiles_n n-tiles)."""
+        return (m + self.tile_m - 1) // self.tile_m * tiles_n
+
+    @cute.jit
+    def _write_row(self, ptrs, sizes, prefix, g, addresses, m, n, k, first_tile) -> None:
+        """Expert g's row of the three tables: its (a, b, sfa, sfb, c) addresses, (m, n, k, 1)
+        and the first CTA tile it owns. `addresses` are callables, each traced at its store:
+        the kernels' instruction order (and the cubins run on the H200) stay as they were."""
+        for col, address in zip((tables.PTR_A, tables.PTR_B, tables.PTR_SFA, tables.PTR_SFB,
+                                 tables.PTR_C), addresses):
+            ptrs[g, col] = address()
+        sizes[g, tables.COL_M] = m
+        sizes[g, tables.COL_N] = n
+        sizes[g, tables.COL_K] = k
+        sizes[g, tables.COL_L] = Int32(1)
+        prefix[g] = first_tile
 
     @cute.jit
     def _derive_tables(self, offs, operands, slot, sizes_at, prefix_at, num_groups, rows, n,
@@ -84,7 +144,7 @@ class DeviceOffsets:
         tiles = Int32(0)
         for i in cutlass.range(count, unroll=1):
             m = cutlass.min(cutlass.max(masked_m[first + i], Int32(0)), max_m)
-            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            tiles += self._tiles_of(m, tiles_n)
         tiles_end, tiles_total = self._lane_scan(tiles, lane)
         tile0 = tiles_end - tiles
         a_expert = Int64(max_m) * Int64(k // 2)
@@ -95,17 +155,13 @@ class DeviceOffsets:
         for i in cutlass.range(count, unroll=1):
             g = first + i
             m = cutlass.min(cutlass.max(masked_m[g], Int32(0)), max_m)
-            ptrs[g, tables.PTR_A] = a.toint() + Int64(g) * a_expert
-            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
-            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(g) * sfa_expert
-            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
-            ptrs[g, tables.PTR_C] = c.toint() + Int64(g) * c_expert
-            sizes[g, tables.COL_M] = m
-            sizes[g, tables.COL_N] = n
-            sizes[g, tables.COL_K] = k
-            sizes[g, tables.COL_L] = Int32(1)
-            prefix[g] = tile0
-            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            self._write_row(ptrs, sizes, prefix, g,
+                            (lambda: a.toint() + Int64(g) * a_expert,
+                             lambda: b.toint() + Int64(g) * b_expert,
+                             lambda: sfa.toint() + Int64(g) * sfa_expert,
+                             lambda: sfb.toint() + Int64(g) * sfb_expert,
+                             lambda: c.toint() + Int64(g) * c_expert), m, n, k, tile0)
+            tile0 += self._tiles_of(m, tiles_n)
         if lane == 31:
             prefix[num_groups] = tiles_total
 
@@ -135,7 +191,7 @@ class DeviceOffsets:
         for i in cutlass.range(count, unroll=1):
             nxt = self._clamped_end(ends, first + i, rows, end)
             m = nxt - end
-            tiles += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            tiles += self._tiles_of(m, tiles_n)
             scale_rows += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
             end = nxt
         tiles_end, tiles_total = self._lane_scan(tiles, lane)
@@ -153,17 +209,13 @@ class DeviceOffsets:
             g = first + i
             nxt = self._clamped_end(ends, g, rows, end)
             m = nxt - end
-            ptrs[g, tables.PTR_A] = a.toint() + Int64(end) * a_row
-            ptrs[g, tables.PTR_B] = b.toint() + Int64(g) * b_expert
-            ptrs[g, tables.PTR_SFA] = sfa.toint() + Int64(scale0) * sfa_row
-            ptrs[g, tables.PTR_SFB] = sfb.toint() + Int64(g) * sfb_expert
-            ptrs[g, tables.PTR_C] = c.toint() + Int64(end) * c_row
-            sizes[g, tables.COL_M] = m
-            sizes[g, tables.COL_N] = n
-            sizes[g, tables.COL_K] = k
-            sizes[g, tables.COL_L] = Int32(1)
-            prefix[g] = tile0
-            tile0 += (m + self.tile_m - 1) // self.tile_m * tiles_n
+            self._write_row(ptrs, sizes, prefix, g,
+                            (lambda: a.toint() + Int64(end) * a_row,
+                             lambda: b.toint() + Int64(g) * b_expert,
+                             lambda: sfa.toint() + Int64(scale0) * sfa_row,
+                             lambda: sfb.toint() + Int64(g) * sfb_expert,
+                             lambda: c.toint() + Int64(end) * c_row), m, n, k, tile0)
+            tile0 += self._tiles_of(m, tiles_n)
             scale0 += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
             end = nxt
         if lane == 31:

@@ -13,13 +13,12 @@ kernel body runs unchanged on them (its tile walk steps over experts without tok
 from __future__ import annotations
 
 import cutlass
-from cutlass import Int32, Int64, cute
+from cutlass import Int64, cute
 
 from kernels import abi, tables
 from kernels.device_offsets import DeviceOffsets, lane_scan
 from kernels.sm100 import config as sm100_config
 from kernels.sm100.grouped_gemm import NUM_TENSORMAPS, SYMBOL_PREFIX, Sm100GroupedGemm
-from runtime.formats import POINTER_ROW_BYTES, PROBLEM_ROW_BYTES, offsets_tables_bytes
 
 
 class Sm100OffsetsGemm(DeviceOffsets, Sm100GroupedGemm):
@@ -51,17 +50,11 @@ class Sm100OffsetsGemm(DeviceOffsets, Sm100GroupedGemm):
     ):
         args: abi.KernelArgs = self.abi
         self._record_traced(args)
-        index = "masked_m" if self.config.masked else "offs"
-        args.operand(index, offs, index)
-        for name, ptr in (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("c", c)):
-            args.operand(name, ptr, name)
+        self._record_call(args, offs, (a, b, sfa, sfb, c))
         args.table("tensormap_workspace", tensormap_workspace, "tensormap_workspace")
         args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
-        args.scalar("max_m" if self.config.masked else "rows", rows,
-                    "max_m" if self.config.masked else "rows")
-        args.scalar("n", n, "n")
-        args.scalar("k", k, "k")
+        self._record_dims(args, rows, n, k)
         self._launch(args, num_groups)
 
     @cute.kernel
@@ -97,23 +90,13 @@ class Sm100OffsetsGemm(DeviceOffsets, Sm100GroupedGemm):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        slot = (workspace_ptr.toint()
-                + Int64(grid) * Int64(NUM_TENSORMAPS * tables.TENSORMAP_BYTES)
-                + Int64(bidx) * Int64(offsets_tables_bytes(num_groups)))
-        sizes_at = slot + Int64(POINTER_ROW_BYTES) * Int64(num_groups)
-        prefix_at = sizes_at + Int64(PROBLEM_ROW_BYTES) * Int64(num_groups)
-        if warp_idx == 0:
-            self._derive_tables(offs, (a, b, sfa, sfb, c), slot, sizes_at, prefix_at,
-                                num_groups, rows, n, k, tidx)
-        # The tables (plain global stores of warp 0) are read by every role from here on.
-        cute.arch.barrier()
-        gmem = cute.AddressSpace.gmem
+        descriptors_end = (workspace_ptr.toint()
+                           + Int64(grid) * Int64(NUM_TENSORMAPS * tables.TENSORMAP_BYTES))
+        tables_ = self._tables_in_slot(descriptors_end, bidx, offs, (a, b, sfa, sfb, c),
+                                       num_groups, rows, n, k, tidx, warp_idx)
         self._body((tiled_mma, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl,
                     tma_atom_sfb, mSFB_nkl, a_smem_layout_staged, b_smem_layout_staged,
-                    sfa_smem_layout_staged, sfb_smem_layout_staged),
-                   cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
-                   cute.make_ptr(Int64, slot, gmem, assumed_align=16),
-                   cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
+                    sfa_smem_layout_staged, sfb_smem_layout_staged), *tables_,
                    workspace_ptr, alpha_ptr, num_groups)
 
     # The base kernel's symbol rule (grouped_gemm.py: "cutlass" kept in the name on purpose).

@@ -14,13 +14,11 @@ back from L1/L2 by its own roles.
 
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32
 
 from kernels.abi import KernelArgs
 from kernels.device_offsets import DeviceOffsets
-from runtime.formats import POINTER_ROW_BYTES, PROBLEM_ROW_BYTES, offsets_tables_bytes
 
 from .grouped_gemm import Sm90GroupedGemm
 
@@ -49,19 +47,9 @@ class Sm90OffsetsGemm(DeviceOffsets, Sm90GroupedGemm):
     ) -> None:
         args = KernelArgs()
         self._record_templates(args)
-        if cutlass.const_expr(self.config.masked):
-            args.operand("masked_m", offs, "masked_m")
-        else:
-            args.operand("offs", offs, "offs")
-        for name, ptr in (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("c", c)):
-            args.operand(name, ptr, name)
+        self._record_call(args, offs, (a, b, sfa, sfb, c))
         self._record_state(args, workspace, grid_barrier, alpha, num_groups)
-        if cutlass.const_expr(self.config.masked):
-            args.scalar("max_m", rows, "max_m")
-        else:
-            args.scalar("rows", rows, "rows")
-        args.scalar("n", n, "n")
-        args.scalar("k", k, "k")
+        self._record_dims(args, rows, n, k)
         self._launch(args, num_ctas)
 
     # ------------------------------------------------------------------ device
@@ -90,18 +78,8 @@ class Sm90OffsetsGemm(DeviceOffsets, Sm90GroupedGemm):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        slot = (self._descriptors_end(workspace.toint(), grid)
-                + Int64(bidx) * Int64(offsets_tables_bytes(num_groups)))
-        sizes_at = slot + Int64(POINTER_ROW_BYTES) * Int64(num_groups)
-        prefix_at = sizes_at + Int64(PROBLEM_ROW_BYTES) * Int64(num_groups)
-        if warp_idx == 0:
-            self._derive_tables(offs, (a, b, sfa, sfb, c), slot, sizes_at, prefix_at,
-                                num_groups, rows, n, k, tidx)
-        # The tables (plain global stores of warp 0) are read by every role from here on.
-        cute.arch.barrier()
-        gmem = cute.AddressSpace.gmem
-        self._run((tma_b, tma_a, tma_sfb, tma_sfa),
-                  cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
-                  cute.make_ptr(Int64, slot, gmem, assumed_align=16),
-                  cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
+        tables_ = self._tables_in_slot(self._descriptors_end(workspace.toint(), grid), bidx,
+                                       offs, (a, b, sfa, sfb, c), num_groups, rows, n, k,
+                                       tidx, warp_idx)
+        self._run((tma_b, tma_a, tma_sfb, tma_sfa), *tables_,
                   workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid)
