@@ -41,6 +41,8 @@ from bench_models import (
     layer_weight_bytes,
     mma_flops,
     sm_copy_gbs,
+    time_fp8_grouped,
+    time_grouped_mm,
     weight_sets,
 )
 from serving_check import draw_nvfp4
@@ -108,28 +110,9 @@ def bench_case(gg: Any, layer: Layer, max_m: int, fill: float, wsets: list, ceil
     graphs[-1].replay()
     ours = torch.cat([outs[-1][g, :m] for g, m in enumerate(counts)])
     del graphs, outs
-    res: list[Any] = [None] * n_sets
-
-    def grouped(j: int) -> None:
-        res[j] = torch._grouped_mm(inputs[j]["bf16"], w_of[j].bf16.transpose(1, 2), offs=offs)
-
-    graphs = [capture(lambda j=j: grouped(j)) for j in range(n_sets)]
-    row["grouped_mm_us"] = time_graphs(graphs, reps)
-    graphs[-1].replay()
-    torch.cuda.synchronize()
-    row["check"] = "exact" if torch.equal(ours, res[-1]) else "MISMATCH"
-    del graphs
-    try:
-        for w in wsets:
-            w.fp8 = w.bf16.to(torch.float8_e4m3fn) if w.fp8 is None else w.fp8
-        one_a = torch.ones(rows, dtype=torch.float32, device="cuda")
-        one_b = torch.ones(e, n, dtype=torch.float32, device="cuda")
-        a8 = [i["bf16"].to(torch.float8_e4m3fn) for i in inputs]
-        row["fp8_us"] = time_graphs([capture(lambda x=x, w=w: torch._scaled_grouped_mm(
-            x, w.fp8.transpose(-2, -1), one_a, one_b, offs=offs, out_dtype=torch.bfloat16))
-            for x, w in zip(a8, w_of)], reps)
-    except Exception as exc:  # not every torch / GPU has the fp8 grouped GEMM
-        row["fp8_us"], row["fp8_error"] = float("nan"), str(exc).splitlines()[0][:200]
+    row["grouped_mm_us"], theirs = time_grouped_mm(inputs, w_of, offs, reps)
+    row["check"] = "exact" if torch.equal(ours, theirs) else "MISMATCH"
+    row.update(time_fp8_grouped(inputs, wsets, w_of, offs, rows, e, n, reps))
     return row
 
 

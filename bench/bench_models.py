@@ -290,22 +290,12 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
         del graphs, own_outs
     del outs
     ref_ok, n_ref = reference_ok(ours, w_of[-1], inputs[-1], counts, layer)
-    # torch._grouped_mm: mat_b (E, K, N) is the transposed view of the (E, N, K) copy; a
-    # graph's output lives in its pool, read after a replay.
-    res: list[Any] = [None] * n_sets
-
-    def grouped(j: int) -> None:
-        res[j] = torch._grouped_mm(inputs[j]["bf16"], w_of[j].bf16.transpose(1, 2), offs=offs)
-
-    graphs = [capture(lambda j=j: grouped(j)) for j in range(n_sets)]
-    row["grouped_mm_us"] = time_graphs(graphs, reps)
-    graphs[-1].replay()
-    same, close = same_and_close(ours, res[-1])
+    row["grouped_mm_us"], theirs = time_grouped_mm(inputs, w_of, offs, reps)
+    same, close = same_and_close(ours, theirs)
     row["check"] = verdict(same and ref_ok, close and ref_ok)
     row["check_detail"] = f"== torch._grouped_mm: {same}; float64 reference on {n_ref} " \
                           f"experts: {ref_ok}"
-    del graphs, ours
-    res.clear()
+    del ours, theirs
     hit = [(g, s, s + m) for g, (s, m) in enumerate(zip(itertools.accumulate([0, *counts]),
                                                          counts)) if m]
     c_outs = [torch.empty(rows, n, dtype=torch.bfloat16, device="cuda") for _ in inputs]
@@ -317,18 +307,44 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
     row["cublas_us"] = time_graphs([capture(lambda i=i, w=w, o=o: cublas(i["bf16"], w.bf16, o))
                                     for i, w, o in zip(inputs, w_of, c_outs)], reps)
     del c_outs
-    try:  # row-wise fp8: scales of 1 per row of a and per column of b
+    row.update(time_fp8_grouped(inputs, wsets, w_of, offs, rows, layer.experts, n, reps))
+    return row
+
+
+def time_grouped_mm(inputs: list[dict], w_of: list, offs: torch.Tensor,
+                    reps: int) -> tuple[float, torch.Tensor]:
+    """torch._grouped_mm bf16 on each input set's rows (`"bf16"`, grouped by expert as offs
+    says) and its weight copy: (median us, the last set's output). mat_b (E, K, N) is the
+    transposed view of the (E, N, K) copy; a graph's output lives in its pool, read after a
+    replay."""
+    res: list[Any] = [None] * len(inputs)
+
+    def grouped(j: int) -> None:
+        res[j] = torch._grouped_mm(inputs[j]["bf16"], w_of[j].bf16.transpose(1, 2), offs=offs)
+
+    graphs = [capture(lambda j=j: grouped(j)) for j in range(len(inputs))]
+    us = time_graphs(graphs, reps)
+    graphs[-1].replay()
+    torch.cuda.synchronize()
+    return us, res[-1]
+
+
+def time_fp8_grouped(inputs: list[dict], wsets: list, w_of: list, offs: torch.Tensor,
+                     rows: int, experts: int, n: int, reps: int) -> dict[str, Any]:
+    """torch._scaled_grouped_mm row-wise fp8 on e4m3 copies of the same values (exact: they
+    fit), scales of 1 per row of a and per column of b: {"fp8_us"}, or NaN and "fp8_error"
+    where this torch or GPU has no fp8 grouped GEMM."""
+    try:
         for w in wsets:
             w.fp8 = w.bf16.to(torch.float8_e4m3fn) if w.fp8 is None else w.fp8
         one_a = torch.ones(rows, dtype=torch.float32, device="cuda")
-        one_b = torch.ones(layer.experts, n, dtype=torch.float32, device="cuda")
+        one_b = torch.ones(experts, n, dtype=torch.float32, device="cuda")
         a8 = [i["bf16"].to(torch.float8_e4m3fn) for i in inputs]
-        row["fp8_us"] = time_graphs([capture(lambda x=x, w=w: torch._scaled_grouped_mm(
+        return {"fp8_us": time_graphs([capture(lambda x=x, w=w: torch._scaled_grouped_mm(
             x, w.fp8.transpose(-2, -1), one_a, one_b, offs=offs, out_dtype=torch.bfloat16))
-            for x, w in zip(a8, w_of)], reps)
+            for x, w in zip(a8, w_of)], reps)}
     except Exception as exc:  # not every torch / GPU has the fp8 grouped GEMM
-        row["fp8_us"], row["fp8_error"] = float("nan"), str(exc).splitlines()[0][:200]
-    return row
+        return {"fp8_us": float("nan"), "fp8_error": str(exc).splitlines()[0][:200]}
 
 
 def fmt(x: float, digits: int = 1) -> str:
