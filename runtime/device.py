@@ -34,7 +34,7 @@ from .dispatch import arch_for_capability
 from .loader import ArtifactStore, LoadedKernel
 from .manifest import KernelEntry
 from .params import PackedParams, pack_params
-from .plan import Plan, make_plan, pack_aligned, pointer_table_bytes
+from .plan import Plan, make_plan, ones_image, pack_aligned, pointer_table_bytes
 
 PLAN_CACHE = 1024  # plans per device (dynamic-m calls make one per distinct m vector)
 POINTER_CACHE = 256  # pointer tables per device
@@ -321,8 +321,7 @@ class DeviceRuntime:
 
             grid, workspace_bytes = offsets_launch_facts(entry, experts, k, t,
                                                          self.device.sm_count)
-            ones = self._arena.store(struct.pack(f"<{experts}f", *(1.0,) * experts),
-                                     self.device)
+            ones = self._arena.store(ones_image(experts), self.device)
             # A masked-layout kernel's rows scalar is max_m (t = E * max_m rows in all).
             op = OffsetsPlan(entry, self.prepared(entry), grid, workspace_bytes,
                              {"num_groups": experts, "rows": t, "n": n, "k": k,

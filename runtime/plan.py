@@ -48,6 +48,11 @@ def pack_aligned(*parts: bytes) -> tuple[bytes, tuple[int, ...]]:
     return image, tuple(starts)
 
 
+def ones_image(groups: int) -> bytes:
+    """`groups` float32 ones: the alpha a launch reads when the call gives none."""
+    return struct.pack(f"<{groups}f", *(1.0,) * groups)
+
+
 def _format(dtype: str) -> str:
     return _INT_FORMATS[dtype]
 
@@ -189,7 +194,7 @@ def make_plan(entry: KernelEntry, shapes: Sequence[Shape], sm_count: int) -> Pla
     sizes = struct.pack(f"<{len(values)}{lay.size_format}", *values)
     prefix_bytes = struct.pack(f"<{len(prefix)}{lay.prefix_format}", *prefix)
     # The alpha of a call that gives none (runtime/device.py).
-    ones = struct.pack(f"<{len(shapes)}f", *(1.0,) * len(shapes))
+    ones = ones_image(len(shapes))
     combined, (_, offset, ones_offset) = pack_aligned(sizes, prefix_bytes, ones)
     return Plan(
         entry=entry,

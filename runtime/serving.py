@@ -37,7 +37,6 @@ through device tables computed from offs with a few dozen torch ops in the calle
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import torch
@@ -47,7 +46,7 @@ from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
 from .formats import blocked_scale_numel, offsets_tables_bytes, scale_cols
 from .manifest import KernelEntry
-from .plan import TABLE_ALIGN, Plan, _layout, grid_size
+from .plan import TABLE_ALIGN, Plan, _layout, grid_size, ones_image
 from .validate import (
     _FP4,
     _FP4_NAMES,
@@ -246,7 +245,7 @@ def serving_plan(entry: KernelEntry, experts: int, n: int, k: int, t: int,
     any routing). Its tables are not used: they come from device_tables each call."""
     lay = _layout(entry)
     grid = grid_size(entry, 2**31 - 1, sm_count)
-    ones = struct.pack(f"<{experts}f", *(1.0,) * experts)
+    ones = ones_image(experts)
     return Plan(entry=entry, shapes=tuple((0, n, k) for _ in range(experts)), problem_sizes=b"",
                 cta_prefix=(), total_tiles=-1, grid=grid,
                 workspace_bytes=lay.header + grid * lay.per_cta + t * k * lay.a_element,
