@@ -39,7 +39,6 @@ from bench_grouped import ALL_SETS, input_sets
 import runtime
 from kernels.sm90.config import (
     K_TILE,
-    SUB_K,
     TRACE_BYTES,
     TRACE_CONSUMER_BYTES,
     TRACE_CTA_EVENTS,
@@ -51,9 +50,8 @@ from kernels.sm90.config import (
     TRACE_TILE_EVENTS,
     TRACE_TILES,
 )
+from kernels.sm90.structure import SUB_STEPS
 from runtime.plan import cta_prefix
-
-SUB_STEPS = K_TILE // SUB_K
 
 
 def split_records(flat: torch.Tensor, grid: int) -> dict:

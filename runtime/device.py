@@ -339,7 +339,7 @@ class DeviceRuntime:
         try:
             alpha = alpha or op.ones
             if self._capturing(stream):
-                barrier = self._arena.store(bytes(op.header), self.device) if op.header else 0
+                barrier = self._captured_barrier(op.header)
                 ws = torch.empty(op.workspace_bytes, dtype=torch.uint8,
                                  device=self.torch_device)
                 op.launch(stream, (*operands, ws.data_ptr(), barrier, alpha))
@@ -353,6 +353,11 @@ class DeviceRuntime:
             if prev is not None:
                 cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
 
+    def _captured_barrier(self, header: int) -> int:
+        """For a launch under capture: a persistent zeroed copy of the kernel's grid-barrier
+        header (0 when it has none), which the graph keeps and every launch leaves zeroed."""
+        return self._arena.store(bytes(header), self.device) if header else 0
+
     def launch_device_tables(self, dp: DevicePlan, pointers: torch.Tensor,
                              tables: torch.Tensor, prefix_offset: int, alpha: int) -> None:
         """Launch `dp` with device tables the caller computed in this stream (serving.py): the
@@ -364,8 +369,7 @@ class DeviceRuntime:
         try:
             alpha = alpha or dp.ones
             if self._capturing(stream):
-                header = dp.workspace_header
-                barrier = self._arena.store(bytes(header), self.device) if header else 0
+                barrier = self._captured_barrier(dp.workspace_header)
                 self._launch_in_capture(dp, stream, pointers.data_ptr(), tables.data_ptr(),
                                         prefix_offset, barrier, alpha)
                 return
