@@ -53,6 +53,11 @@ for s in "${STEPS[@]}"; do
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
     # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first).
     decode_ab) step decode_ab 150 python experiments/decode_ab.py --artifacts .artifacts_ab ;;
+    # What bounds decode (issue 27): fixed cost and per-tile cost of the decode kernels.
+    bound) step bound 200 python experiments/decode_bound.py --artifacts artifacts --reps 30 ;;
+    # Nsight Compute on the Qwen3 down decode call (experiments/ncu.sh writes under $LOG).
+    ncu_decode) step ncu_decode 200 env OUT="$LOG" bash experiments/ncu.sh \
+        serving:qwen3_30b_down_decode artifacts ;;
     *) echo "unknown step $s" ;;
     esac
 done
