@@ -55,9 +55,9 @@ for s in "${STEPS[@]}"; do
     decode_ab) step decode_ab 150 python experiments/decode_ab.py --artifacts .artifacts_ab ;;
     # What bounds decode (issue 27): fixed cost and per-tile cost of the decode kernels.
     bound) step bound 200 python experiments/decode_bound.py --artifacts artifacts --reps 30 ;;
-    # Nsight Compute on the Qwen3 down decode call (experiments/ncu.sh writes under $LOG).
-    ncu_decode) step ncu_decode 200 env OUT="$LOG" bash experiments/ncu.sh \
-        serving:qwen3_30b_down_decode artifacts ;;
+    # Nsight Compute on two decode calls (experiments/ncu.sh writes under $LOG).
+    ncu_decode) step ncu_decode 240 bash -c "for s in dsv3_down_e32_decode qwen3_30b_down_decode;
+        do OUT=$LOG bash experiments/ncu.sh serving:\$s artifacts; done" ;;
     *) echo "unknown step $s" ;;
     esac
 done

@@ -166,6 +166,16 @@ def launch_once(gg: runtime.GroupedGemm, e: KernelEntry, seed: int = 0) -> None:
     """One call served by entry e in its output type: the list API, or scaled_grouped_mm for a
     device-offsets kernel (for the no-cutlass subprocess)."""
     dtype = OUT_TORCH_DTYPES[e.out_dtype]
+    if e.takes_masked:
+        (n, k), experts, max_m = dynamic_groups(e)[0][0], len(dynamic_groups(e)[0]), 16
+        u8 = {"dtype": torch.uint8, "device": "cuda"}
+        gg.masked_grouped_mm(torch.zeros(experts, max_m, k // 2, **u8),
+                             torch.zeros(experts, n, k // 2, **u8),
+                             torch.zeros(experts, blocked_scale_numel(max_m, k), **u8),
+                             torch.zeros(experts, blocked_scale_numel(n, k), **u8),
+                             torch.full((experts,), 3, dtype=torch.int32, device="cuda"),
+                             out_dtype=dtype)
+        return
     if e.takes_offsets:
         gg.scaled_grouped_mm(*serving_inputs(e, serving_counts(gg, e), "cuda", seed),
                              out_dtype=dtype)
@@ -262,7 +272,8 @@ def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
     its output type: a routing with empty experts and rows past offs[-1]; every row of an
     expert written (no NaN left), the rows past offs[-1] untouched, the same bits twice."""
     arch = gg.device_runtime(0).arch
-    kernels = once_per_kernel([e for e in gg.kernels if e.arch == arch and e.takes_offsets])
+    kernels = once_per_kernel([e for e in gg.kernels if e.arch == arch and e.takes_offsets
+                               and not e.takes_masked])
     if not kernels:
         pytest.skip(f"no device-offsets kernel in {ARTIFACTS} for this GPU ({arch})")
     for e in kernels:
