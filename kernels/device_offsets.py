@@ -7,6 +7,10 @@ sum and total). `_derive_tables` is run by one warp of each CTA before the kerne
 it writes the list kernel's pointer, problem-size and CTA-prefix tables (kernels/tables.py) for
 this call into the CTA's own slot of the workspace (runtime.formats.offsets_tables_bytes).
 
+A fourth table, ROW_ENDS, follows the CTA prefix: expert g's end row in the order phase 1
+stages the rows (experts back to back: the clamped offsets themselves, or the running sum of the
+clamped masked_m), for the roles that need an expert's staged rows (row_ends).
+
 Offsets layout (torch's scaled_grouped_mm 2D x 3D): expert g owns rows offs[g-1] .. offs[g] of a
 and c; each offset is clamped to [0, T] and the ends made non-decreasing (a running maximum)
 before any pointer is formed, so no offs value moves an access outside a, c or sfa's bound of
@@ -45,6 +49,21 @@ def lane_scan(count, lane) -> tuple:
         if lane >= (1 << d):
             end = end + below
     return end, cute.arch.shuffle_sync(end, 31)
+
+
+def row_ends(prefix: cute.Tensor, num_groups) -> cute.Tensor:
+    """The ROW_ENDS table (module docstring) of the slot whose CTA prefix is `prefix`: it
+    starts right after the prefix's num_groups + 1 cells."""
+    at = prefix.iterator.toint() + Int64(4) * Int64(num_groups + 1)
+    return cute.make_tensor(cute.make_ptr(Int32, at, cute.AddressSpace.gmem, assumed_align=4),
+                            cute.make_layout(num_groups))
+
+
+@cute.jit
+def staged_start(ends: cute.Tensor, g) -> Int32:
+    """Expert g's first row in the staged order: ROW_ENDS[g - 1], or 0 for g = 0 (read
+    branch-free: ends[0] times 0)."""
+    return ends[cutlass.max(g - 1, Int32(0))] * cutlass.min(g, Int32(1))
 
 
 class DeviceOffsets:
@@ -123,30 +142,35 @@ class DeviceOffsets:
                                  cute.make_layout((num_groups, 4), stride=(4, 1)))
         prefix = cute.make_tensor(cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8),
                                   cute.make_layout(num_groups + 1))
+        ends_out = row_ends(prefix, num_groups)
         per = (num_groups + 31) // 32
         first = lane * per
         count = cutlass.max(cutlass.min(first + per, num_groups) - first, Int32(0))
         if cutlass.const_expr(self.config.masked):
-            self._masked_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                                lane, first, count)
+            self._masked_tables(ends, operands, ptrs, sizes, prefix, ends_out, num_groups,
+                                rows, n, k, lane, first, count)
         else:
-            self._offsets_tables(ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                                 lane, first, count)
+            self._offsets_tables(ends, operands, ptrs, sizes, prefix, ends_out, num_groups,
+                                 rows, n, k, lane, first, count)
 
     @cute.jit
-    def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, num_groups, max_m, n, k,
-                       lane, first, count) -> None:
+    def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, ends_out, num_groups,
+                       max_m, n, k, lane, first, count) -> None:
         """The masked layout (Config.masked): expert g's rows start at g * max_m in a and c, its
         scales at blocked row g * round_up(max_m, 128) of sfa; masked_m[g] clamped to [0, max_m]
         rows are valid."""
         a, b, sfa, sfb, c = operands
         tiles_n = (n + self.tile_n - 1) // self.tile_n
         tiles = Int32(0)
+        valid = Int32(0)
         for i in cutlass.range(count, unroll=1):
             m = cutlass.min(cutlass.max(masked_m[first + i], Int32(0)), max_m)
             tiles += self._tiles_of(m, tiles_n)
+            valid += m
         tiles_end, tiles_total = self._lane_scan(tiles, lane)
+        valid_end, _ = self._lane_scan(valid, lane)
         tile0 = tiles_end - tiles
+        staged_end = valid_end - valid  # the valid rows staged before this lane's experts
         a_expert = Int64(max_m) * Int64(k // 2)
         b_expert = Int64(n) * Int64(k // 2)
         sfa_expert = Int64(blocked_scale_numel(max_m, k))
@@ -162,12 +186,14 @@ class DeviceOffsets:
                              lambda: sfb.toint() + Int64(g) * sfb_expert,
                              lambda: c.toint() + Int64(g) * c_expert), m, n, k, tile0)
             tile0 += self._tiles_of(m, tiles_n)
+            staged_end += m
+            ends_out[g] = staged_end
         if lane == 31:
             prefix[num_groups] = tiles_total
 
     @cute.jit
-    def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, num_groups, rows, n, k,
-                        lane, first, count) -> None:
+    def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, ends_out, num_groups, rows,
+                        n, k, lane, first, count) -> None:
         """The offsets layout (torch's 2D x 3D form; module docstring)."""
         a, b, sfa, sfb, c = operands
 
@@ -217,6 +243,7 @@ class DeviceOffsets:
                              lambda: c.toint() + Int64(end) * c_row), m, n, k, tile0)
             tile0 += self._tiles_of(m, tiles_n)
             scale0 += (m + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS
+            ends_out[g] = nxt
             end = nxt
         if lane == 31:
             prefix[num_groups] = tiles_total

@@ -46,7 +46,10 @@ def blocked_scale_numel(rows: int, k: int) -> int:
 # Device-offsets kernels (Config.device_offsets; the serving contract, issue 26): each CTA
 # derives the three tables above from the call's offsets itself, into its own slot of the
 # workspace placed after the CTAs' descriptor sets: the pointers first (8-byte cells), then the
-# problem sizes, then the CTA prefix, the slot rounded up to OFFSETS_TABLE_ALIGN bytes.
+# problem sizes, then the CTA prefix, then each expert's end row in the order its rows are
+# staged (ROW_ENDS: phase 1 and the producer find a row's expert and an expert's staged A from
+# it in O(log E) and O(1) instead of walking the experts), the slot rounded up to
+# OFFSETS_TABLE_ALIGN bytes.
 OFFSETS_TABLE_ALIGN = 128
 POINTER_ROW_BYTES = 8 * len(POINTER_COLUMNS)
 PROBLEM_ROW_BYTES = 4 * len(PROBLEM_COLUMNS)
@@ -54,7 +57,7 @@ PROBLEM_ROW_BYTES = 4 * len(PROBLEM_COLUMNS)
 
 def offsets_tables_bytes(groups):  # an int, or a DSL Int32 at trace time
     """Bytes of one CTA's derived tables for `groups` groups (pointers, problem sizes, CTA
-    prefix), rounded up to OFFSETS_TABLE_ALIGN. Written with + and // only, so the kernel
-    evaluates the same expression on its run-time group count."""
-    raw = (POINTER_ROW_BYTES + PROBLEM_ROW_BYTES + 4) * groups + 4
+    prefix, row ends), rounded up to OFFSETS_TABLE_ALIGN. Written with + and // only, so the
+    kernel evaluates the same expression on its run-time group count."""
+    raw = (POINTER_ROW_BYTES + PROBLEM_ROW_BYTES + 4 + 4) * groups + 4
     return (raw + OFFSETS_TABLE_ALIGN - 1) // OFFSETS_TABLE_ALIGN * OFFSETS_TABLE_ALIGN

@@ -52,7 +52,15 @@ for s in "${STEPS[@]}"; do
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
     # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first).
-    decode_ab) step decode_ab 150 python experiments/decode_ab.py --artifacts .artifacts_ab ;;
+    decode_ab) step decode_ab 240 python experiments/decode_ab.py --artifacts .artifacts_ab \
+        --tokens 64 256 512 ;;
+    # Device-offsets kernels bit-exact at E = 8..256 (both phase-1 paths: lanes up to 32 experts,
+    # the ROW_ENDS search past), bad offs, graph replays with new routings.
+    offsets) step offsets 200 python experiments/offsets_quick.py --artifacts artifacts \
+        --only qwen3_30b_down_decode.sm_90a.acc1.bf16 --only qwen3_30b_gateup.sm_90a.acc1.bf16 \
+        --only dsv3_down_e256.sm_90a.acc1.bf16 --only dsv3_gateup_e32_decode.sm_90a.acc1.bf16 \
+        --only ep_e8_down.sm_90a.acc1.f16 --only qwen3_235b_down_e16.sm_90a.acc1.bf16 \
+        --t 64 --t 512 --t 4096 ;;
     # What bounds decode (issue 27): fixed cost and per-tile cost of the decode kernels.
     bound) step bound 200 python experiments/decode_bound.py --artifacts artifacts --reps 30 ;;
     # Nsight Compute on two decode calls (experiments/ncu.sh writes under $LOG).

@@ -120,9 +120,10 @@ def test_serving_prefers_the_device_offsets_kernel() -> None:
 
 
 def test_tables_slot_and_workspace_arithmetic() -> None:
-    assert [offsets_tables_bytes(g) for g in (1, 2, 32, 256)] == [128, 128, 2048, 15488]
-    # 60 bytes per group (5 pointers, 4 sizes, 1 prefix cell) and the total cell, 128-aligned
-    assert offsets_tables_bytes(256) == -(-(60 * 256 + 4) // 128) * 128
+    assert [offsets_tables_bytes(g) for g in (1, 2, 32, 256)] == [128, 256, 2176, 16512]
+    # 64 bytes per group (5 pointers, 4 sizes, 1 prefix cell, 1 row end) and the total cell,
+    # 128-aligned
+    assert offsets_tables_bytes(256) == -(-(64 * 256 + 4) // 128) * 128
     e = offsets_entry(tables={"problem_sizes": {"dtype": "int32", "columns": list("mnkl")},
                               "pointers": {"dtype": "int64",
                                            "columns": ["a", "b", "sfa", "sfb", "c"]},
@@ -132,7 +133,7 @@ def test_tables_slot_and_workspace_arithmetic() -> None:
                                                       "bytes_per_a_element": 2}})
     grid, ws = offsets_launch_facts(e, 256, 7168, 512, sm_count=132)
     assert grid == 132
-    assert ws == 128 + 132 * (2560 + 15488) + 512 * 7168 * 2
+    assert ws == 128 + 132 * (2560 + 16512) + 512 * 7168 * 2
 
 
 def test_launch_offsets_writes_the_call_addresses_eager_and_captured(dev) -> None:  # noqa: F811

@@ -13,6 +13,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float16, Int32, Int64
 
 from kernels import tables
+from kernels.device_offsets import row_ends, staged_start
 
 from . import tma
 from .config import K_TILE, SUB_K
@@ -24,11 +25,19 @@ class TileProducer:
     """v3's producer warp: descriptors, weight stages and fp16 A tiles."""
 
     @cute.jit
-    def _a16_offset(self, sizes, group) -> Int64:
-        """Byte offset of group `group`'s fp16 A in the staging area."""
+    def _a16_offset(self, cta, group) -> Int64:
+        """Byte offset of group `group`'s fp16 A in the staging area. A device-offsets kernel
+        reads it off its ROW_ENDS table (one k for all experts); the list kernel sums the
+        groups before it (a chain of `group` loads: at E = 128 it made the producer's group
+        change the slowest step of a decode tile, docs/lab_notebook.md seventeenth session)."""
+        sizes = cta.sizes
         offset = Int64(0)
-        for g in cutlass.range(group, unroll=1):
-            offset += Int64(sizes[g, tables.COL_M]) * Int64(sizes[g, tables.COL_K] * 2)
+        if cutlass.const_expr(self.config.device_offsets):
+            offset = (Int64(staged_start(row_ends(cta.prefix, cta.num_groups), group))
+                      * Int64(sizes[group, tables.COL_K] * 2))
+        else:
+            for g in cutlass.range(group, unroll=1):
+                offset += Int64(sizes[g, tables.COL_M]) * Int64(sizes[g, tables.COL_K] * 2)
         return offset
 
     @cute.jit
@@ -216,10 +225,10 @@ class TileProducer:
     def _patch_descriptors_a16(self, mainloop, ws, cta, desc_set, group, m, n, k) -> None:
         """Patch set `desc_set` for `group` (m, n, k): its weights, its staged fp16 A and its
         weight scales."""
-        ptrs, sizes = cta.ptrs, cta.sizes
+        ptrs = cta.ptrs
         row_bytes = k // 2
         scale_k = k // 64
-        a16_ptr = cute.make_ptr(Float16, mainloop.a16_base + self._a16_offset(sizes, group),
+        a16_ptr = cute.make_ptr(Float16, mainloop.a16_base + self._a16_offset(cta, group),
                                 cute.AddressSpace.gmem, assumed_align=16)
         tensors = (
             self._bytes_tensor(ptrs[group, tables.PTR_B], (n, row_bytes), (row_bytes, 1)),

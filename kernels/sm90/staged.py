@@ -12,7 +12,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
-from kernels.device_offsets import lane_scan
+from kernels.device_offsets import lane_scan, row_ends, staged_start
 from runtime.formats import offsets_tables_bytes
 
 from . import tma
@@ -201,20 +201,36 @@ class StagedA:
         thread finds its chunks' groups by shuffles, so the phase waits on one table read
         instead of a chain of them; more groups walk the tables (_stage_chunks)."""
         if cta.num_groups <= LANE_GROUPS:
-            self._stage_chunks(cta, a16_base, tidx, True)
+            self._stage_chunks(cta, a16_base, tidx, "lanes")
         else:
-            self._stage_chunks(cta, a16_base, tidx, False)
+            # A device-offsets kernel has the ROW_ENDS table: a binary search per chunk, where
+            # walking the tables cost E dependent loads per thread (about 20 us of phase 1 at
+            # E = 128 on the H200, experiments/decode_bound.py, docs/lab_notebook.md
+            # seventeenth session).
+            if cutlass.const_expr(self.config.device_offsets):
+                self._stage_chunks(cta, a16_base, tidx, "search")
+            else:
+                self._stage_chunks(cta, a16_base, tidx, "walk")
 
     @cute.jit
-    def _stage_chunks(self, cta, a16_base, tidx, lanes: cutlass.Constexpr) -> None:
-        """_stage_a's loop; `lanes`: the groups' table rows are held one per lane (at most
-        LANE_GROUPS groups) rather than read by a cursor walking the groups."""
+    def _stage_chunks(self, cta, a16_base, tidx, mode: cutlass.Constexpr) -> None:
+        """_stage_a's loop. `mode`: how a chunk's group is found: "lanes", the groups' table
+        rows held one per lane (at most LANE_GROUPS groups); "search", a binary search of the
+        ROW_ENDS table (device-offsets kernels); "walk", a cursor walking the tables."""
         sizes, ptrs, num_groups = cta.sizes, cta.ptrs, cta.num_groups
         bidx, grid = cta.bidx, cta.grid
         stagers = self.threads - 32  # warp 0 runs _producer_prologue meanwhile
         stride = grid * stagers
         lane = tidx % 32
         total = Int32(0)
+        lanes = mode == "lanes"
+        if cutlass.const_expr(mode == "search"):
+            # One k for all experts; the chunks of the staged rows in order.
+            ends = row_ends(cta.prefix, num_groups)
+            k_all = sizes[0, tables.COL_K]
+            per_row = k_all // A_CHUNK_K
+            total = ends[num_groups - 1] * per_row
+            found = cute.make_rmem_tensor(STAGE_UNROLL, Int32)
         if cutlass.const_expr(lanes):
             # Lane g holds group g (lanes past the last group read the last one, so every read
             # is valid, and count none of its chunks): its chunks [first_l, end_l), k, A and
@@ -229,7 +245,7 @@ class StagedA:
             end_l, total = self._lane_scan(count_l, lane)
             first_l = end_l - count_l
             found = cute.make_rmem_tensor(STAGE_UNROLL, Int32)
-        else:
+        if cutlass.const_expr(mode == "walk"):
             for g in cutlass.range(num_groups, unroll=1):
                 total += sizes[g, tables.COL_M] * (sizes[g, tables.COL_K] // A_CHUNK_K)
             # Group cursor (a thread's chunk indices only grow): group `group` holds chunks
@@ -249,6 +265,8 @@ class StagedA:
             cus = [cutlass.min(c + u * stride, total - 1) for u in range(STAGE_UNROLL)]
             if cutlass.const_expr(lanes):
                 self._lane_groups(found, end_l, num_groups, cus)  # each chunk's group
+            if cutlass.const_expr(mode == "search"):
+                self._search_groups(found, ends, num_groups, [cu // per_row for cu in cus])
             dsts, words, scales = [], [], []
             for u in cutlass.range_constexpr(STAGE_UNROLL):
                 cu = cus[u]
@@ -261,6 +279,13 @@ class StagedA:
                         cu, first_u, cute.arch.shuffle_sync(k_l, g),
                         lambda: (a_u, sf_u, a16_base + Int64(first_u) * Int64(A_CHUNK_K * 2)),
                         Int64)
+                elif cutlass.const_expr(mode == "search"):
+                    g = found[u]
+                    first_u = staged_start(ends, g) * per_row
+                    src, sf, dst = chunk_addresses(
+                        cu, first_u, k_all,
+                        lambda: (ptrs[g, tables.PTR_A], ptrs[g, tables.PTR_SFA],
+                                 a16_base + Int64(first_u) * Int64(A_CHUNK_K * 2)), Int64)
                 else:
                     while cu >= first + count:  # groups of m = 0 have no chunks: skipped
                         first += count
@@ -304,6 +329,22 @@ class StagedA:
             end_j = cute.arch.shuffle_sync(end_l, j)
             for u in cutlass.range_constexpr(len(keys)):
                 found[u] = found[u] - ((end_j - 1 - keys[u]) >> 31)
+
+    @cute.jit
+    def _search_groups(self, found, ends, num_groups, keys) -> None:
+        """found[u] = the expert whose staged rows hold row keys[u]: the first g with
+        ends[g] > keys[u] (experts of m = 0 end where their predecessor does, so they are never
+        found), by a branch-free binary search over the ROW_ENDS table, the keys' loads issued
+        together at each of the log2(E) steps (the width halves alike for every key)."""
+        found.fill(0)
+        width = num_groups
+        while width > 1:
+            half = width // 2
+            for u in cutlass.range_constexpr(len(keys)):
+                # (key - end) >> 31 is -1 when the key lies before the probe's end, else 0.
+                before = (keys[u] - ends[found[u] + half - 1]) >> 31
+                found[u] = found[u] + half + half * before
+            width -= half
 
     @cute.jit
     def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:
