@@ -77,6 +77,17 @@ def test_device_offsets_needs_the_barrier_v3_kernel() -> None:
                                                 "got 1"]
 
 
+def test_blocked_tiles_needs_device_offsets() -> None:
+    from kernels.sm90.config import Config, check
+
+    assert check(Config(device_offsets=True, blocked_tiles=True)) == []
+    assert check(Config(blocked_tiles=True)) == [
+        "blocked_tiles needs device_offsets: true (the list kernels keep the strided tile "
+        "order their bit-identical cubins were measured with)"]
+    assert check(Config(device_offsets=True, blocked_tiles="yes")) == [
+        "blocked_tiles must be true or false, but got 'yes'"]
+
+
 # ------------------------------------------------------------------ manifest and dispatch
 
 

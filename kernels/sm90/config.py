@@ -88,6 +88,12 @@ class Config:
     # max_m, K/2), expert g's rows start at g * max_m and masked_m[g] of them are valid; sfa
     # holds round_up(max_m, 128) blocked rows per expert; c is (E, max_m, N).
     masked: bool = False
+    # With device_offsets: CTA i runs the run of tiles [i q, (i + 1) q), q = ceil(tiles / grid),
+    # instead of every grid-th tile from i. A decode call has one m-tile per expert, so a CTA's
+    # consecutive tiles are n-tiles of one expert: one descriptor patch and one A row range per
+    # run of tiles, instead of a new expert (patch, table walk) at every tile. The same
+    # ceil(tiles / grid) tiles for the busiest CTA either way.
+    blocked_tiles: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which bench/trace_run.py reads back. compile_kernel builds it as
@@ -272,6 +278,11 @@ def check(config: Config) -> list[str]:
     elif config.masked and config.device_offsets is not True:
         reasons.append("masked needs device_offsets: true (the masked layout's tables are "
                        "derived on the device; give it on an experts: set)")
+    if not isinstance(config.blocked_tiles, bool):
+        reasons.append(f"blocked_tiles must be true or false, but got {config.blocked_tiles!r}")
+    elif config.blocked_tiles and config.device_offsets is not True:
+        reasons.append("blocked_tiles needs device_offsets: true (the list kernels keep the "
+                       "strided tile order their bit-identical cubins were measured with)")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:

@@ -63,7 +63,7 @@ class TileConsumer:
     def _consumer_a16(self, mainloop, cta, ct) -> None:
         """Consumer warpgroups (`ct` 0.. over their threads): each of this CTA's tiles through
         the K loop, then handed over to the storers (_hand_over_tile)."""
-        total_tiles, grid = cta.total_tiles, cta.grid
+        step, end = cta.tile_step, cta.tile_end
         mma = self._consumer_operands(self._tiled_mma(), mainloop, ct)
 
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -71,19 +71,19 @@ class TileConsumer:
                                                self.config.a_slots)
         prev_slot = Int32(0)
         group = Int32(0)
-        tile = cta.bidx
+        tile = cta.first_tile
         # The storers write C, so a tile's k and scale row are all the consumers need: they
         # walk the group table for their first tile only, and each hand-over brings the next
         # tile's from the storers (_store_tiles).
         k = Int32(0)
         scale_row0 = Int32(0)
-        if tile < total_tiles:
+        if tile < end:
             group, k, scale_row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
-        while tile < total_tiles:
+        while tile < end:
             b_state, a_state, prev_slot, trace = self._tile_k_loop(
                 mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0, ct)
             k, scale_row0 = self._hand_over_tile(mma.acc, mma.coords, mainloop.storage, trace)
-            tile += grid
+            tile += step
 
     @cute.jit
     def _tile_k_loop(self, mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0,

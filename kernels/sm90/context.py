@@ -21,6 +21,11 @@ class CtaContext:
     bidx: Any  # Int32: this CTA's index
     grid: Any  # Int32: the CTAs of the launch
     num_groups: Any  # Int32: the call's groups (the kernel parameter)
+    # This CTA's tiles: first_tile, first_tile + tile_step, ... below tile_end. Strided (every
+    # grid-th tile from bidx) or, with Config.blocked_tiles, one run of consecutive tiles.
+    first_tile: Any  # Int32
+    tile_step: Any  # Int32
+    tile_end: Any  # Int32
 
 
 @dataclass(frozen=True)

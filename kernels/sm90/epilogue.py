@@ -85,7 +85,7 @@ class AsyncEpilogue:
     def _post_next_tile(self, storage, cta, tile, group, st) -> Int32:
         """Storers: post `tile`'s (k, first scale row) for the consumers (nothing past the last
         tile); returns the group walked to (tiles only increase)."""
-        if tile < cta.total_tiles:
+        if tile < cta.tile_end:
             group, k, row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
             if st == 0:
                 posted = self._next_tile_post(storage)
@@ -100,34 +100,34 @@ class AsyncEpilogue:
         vectors, and hand the tile back (a full barrier, met by the consumers at their next
         tile's end)."""
         sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
-        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
+        first, step, end = cta.first_tile, cta.tile_step, cta.tile_end
         c_free, c_full = self._c_barriers()
         base = storage.c_tile.data_ptr().toint()
         row_bytes = (self.tile_n + C_ROW_PAD) * 2
         vecs = self.tile_n // 8  # 16-byte vectors per row; n is a multiple of 8 (N_MULTIPLE)
         # The consumers' look-ahead: the hand-over of tile t brings the (k, first scale row) of
-        # their next tile, t + grid. The storers post it one hand-over earlier: t + grid before
-        # the first hand-over, then t + 2 grid after each hand-over's second barrier (the
+        # their next tile, t + step. The storers post it one hand-over earlier: t + step before
+        # the first hand-over, then t + 2 step after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
         # between tiles (docs/lab_notebook.md, eleventh session).
-        ahead = self._post_next_tile(storage, cta, bidx + grid, Int32(0), st)
+        ahead = self._post_next_tile(storage, cta, first + step, Int32(0), st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
-        if bidx < total_tiles:
-            group = self._post_tile_scale(storage, cta, bidx, group, st)
+        if first < end:
+            group = self._post_tile_scale(storage, cta, first, group, st)
             # The consumers' first hand-over: the tile starts empty. A CTA with no tile meets no
             # consumer there (the grid of a launch whose tile count the host cannot know,
             # runtime/serving.py, is every SM: such CTAs must exit, not wait).
             c_free.arrive_and_wait()
-        tile = bidx
-        while tile < total_tiles:
+        tile = first
+        while tile < end:
             group, m, n, k = self._group_of(tile, group, prefix, sizes)
             tile_m_idx, tile_n_idx = self._tile_coords(tile, group, prefix, m)
             row0 = tile_m_idx * self.tile_m
             col0 = tile_n_idx * self.tile_n
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
-            ahead = self._post_next_tile(storage, cta, tile + 2 * grid, ahead, st)
+            ahead = self._post_next_tile(storage, cta, tile + 2 * step, ahead, st)
             for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8
@@ -135,8 +135,8 @@ class AsyncEpilogue:
                     words = ld_shared_v4(base + r * row_bytes + c8 * 2)
                     st_global_v4(c_address + (Int64(row0 + r) * Int64(n) + Int64(col0 + c8)) * 2,
                                  *words)
-            tile += grid
-            if tile < total_tiles:
+            tile += step
+            if tile < end:
                 # After this hand-over's second barrier: the consumers have read the last post.
                 group = self._post_tile_scale(storage, cta, tile, group, st)
                 c_free.arrive_and_wait()  # not after the last tile: nobody comes

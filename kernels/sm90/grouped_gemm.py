@@ -405,9 +405,16 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
+        total = prefix[num_groups]
+        first, step, end = bidx, grid, total
+        if cutlass.const_expr(self.config.blocked_tiles):
+            per_cta = (total + grid - 1) // grid
+            first = bidx * per_cta
+            step = Int32(1)
+            end = cutlass.min(total, first + per_cta)
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
-                          total_tiles=prefix[num_groups], bidx=bidx, grid=grid,
-                          num_groups=num_groups)
+                          total_tiles=total, bidx=bidx, grid=grid, num_groups=num_groups,
+                          first_tile=first, tile_step=step, tile_end=end)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per

@@ -46,8 +46,8 @@ class TileProducer:
         the grid barrier: the weights do not depend on phase 1. (-1, 0) without a tile."""
         group = Int32(-1)
         pre = Int32(0)
-        if cta.bidx < cta.total_tiles:
-            group, _, _, k = self._group_of(cta.bidx, Int32(0), cta.prefix, cta.sizes)
+        if cta.first_tile < cta.tile_end:
+            group, _, _, k = self._group_of(cta.first_tile, Int32(0), cta.prefix, cta.sizes)
             pre = cutlass.min(Int32(self.stages), k // K_TILE)
         return group, pre
 
@@ -61,10 +61,10 @@ class TileProducer:
         self._stamp_prologue(1)
         group, pre = self._first_tile_prefetch(cta)
         if pre > 0:
-            _, m, n, k = self._group_of(bidx, group, cta.prefix, cta.sizes)
+            _, m, n, k = self._group_of(cta.first_tile, group, cta.prefix, cta.sizes)
             self._patch_descriptors_a16(mainloop, ws, cta, Int32(0), group, m, n, k)
             self._stamp_prologue(2)
-            _, tile_n_idx = self._tile_coords(bidx, group, cta.prefix, m)
+            _, tile_n_idx = self._tile_coords(cta.first_tile, group, cta.prefix, m)
             b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                    self.stages)
             d_b = self._desc(ws, bidx, 0, OP_B)
@@ -153,16 +153,16 @@ class TileProducer:
         for the producer's per-tile work (docs/lab_notebook.md, tenth session). The first tile's
         first `pre` (>= 1) weight stages come from the prologue. Returns the pipeline states."""
         sizes, prefix = cta.sizes, cta.prefix
-        total_tiles, bidx, grid = cta.total_tiles, cta.bidx, cta.grid
+        first, step, end, bidx = cta.first_tile, cta.tile_step, cta.tile_end, cta.bidx
         ready = Int32(0)
         desc_set = Int32(0)
         ahead_set = Int32(0)  # the newest patched set and the group it holds (the prologue's)
         ahead_group = prev_group
         group, m, k = Int32(0), Int32(0), Int32(0)
-        if bidx < total_tiles:
-            group, m, _, k = self._group_of(bidx, group, prefix, sizes)
-        tile = bidx
-        while tile < total_tiles:
+        if first < end:
+            group, m, _, k = self._group_of(first, group, prefix, sizes)
+        tile = first
+        while tile < end:
             trace = self._tile_trace(tile, cta)
             if group != prev_group:
                 desc_set = ahead_set  # patched while the previous tile loaded
@@ -179,9 +179,9 @@ class TileProducer:
             # The look-ahead, now that the tile's first loads are out.
             next_group, nm, nk = group, m, k
             has_next = Int32(0)
-            if tile + grid < total_tiles:
+            if tile + step < end:
                 has_next = Int32(1)
-                next_group, nm, nn, nk = self._group_of(tile + grid, group, prefix, sizes)
+                next_group, nm, nn, nk = self._group_of(tile + step, group, prefix, sizes)
                 if next_group != ahead_group:
                     ahead_set = self._next_set(ahead_set)
                     self._patch_descriptors_a16(mainloop, ws, cta, ahead_set, next_group, nm, nn,
@@ -189,7 +189,7 @@ class TileProducer:
                     for o in cutlass.range_constexpr(len(mainloop.atoms)):
                         prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
                     ahead_group = next_group
-            _, next_tile_n = self._tile_coords(tile + grid, next_group, prefix, nm)
+            _, next_tile_n = self._tile_coords(tile + step, next_group, prefix, nm)
             # Stages 1..: A only while the next weight stage is the prologue's, then each
             # weight stage one ahead of its A, the next tile's first, and the last A.
             for kt in cutlass.range(1, pre - 1, unroll=1):
@@ -208,7 +208,7 @@ class TileProducer:
                 a_state = self._produce_a(mainloop, a_state, d_a, stages - 1, row_a, trace)
             group, m, k = next_group, nm, nk
             pre = Int32(1)  # the next tile's first weight stage is on its way
-            tile += grid
+            tile += step
         return b_state, a_state
 
     @cute.jit

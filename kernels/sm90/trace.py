@@ -46,7 +46,7 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
         ct 0, or the producer's thread 0): tiles past TRACE_TILES share the last index and
         are not recorded."""
         recorder = cute.arch.thread_idx()[0] == 0 if ct is None else ct == 0
-        local = (tile - cta.bidx) // cta.grid
+        local = (tile - cta.first_tile) // cta.tile_step
         return (cutlass.min(local, Int32(TRACE_TILES - 1)),
                 Int32(recorder) & Int32(local < TRACE_TILES))
 
