@@ -10,6 +10,8 @@ every such set), at each T of --tokens: T tokens routed top-k (k = min(--topk, E
 experts of skewed popularity (fixed seed), T * k rows sorted by expert, T capped by what the
 kernel serves (rows <= max_m, rows * N < 2^31). Timed in one process on the same values:
   ours    gg.scaled_grouped_mm, offsets on the device, in a CUDA graph
+  before  with --compare DIR: DIR's scaled_grouped_mm on the same inputs, replays interleaved
+          with ours (bit-equality with ours checked)
   own     when scaled_grouped_mm chose another set's kernel (a decode set's), the set's own
           kernel launched directly on the same inputs (bit-equality with ours checked)
   grp_mm  torch._grouped_mm bf16, device offsets, on pre-dequantized bf16 copies
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
     sys.path.insert(0, str(p))
 
-from bench_grouped import L2_BYTES, capture, measure_ceilings, time_graphs
+from bench_grouped import L2_BYTES, capture, measure_ceilings, time_graphs, time_interleaved
 from serving_check import Weights as DrawnWeights
 from serving_check import draw_nvfp4, padded_blocked_scales
 
@@ -246,8 +248,9 @@ def same_and_close(x: torch.Tensor, y: torch.Tensor, chunk: int = 8192) -> tuple
 
 
 def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float, float],
-               out_name: str, reps: int, seed: int) -> dict:
+               out_name: str, reps: int, seed: int, before: Any = None) -> dict:
     layer, (tflops, gbs), dtype = case.layer, ceilings, OUT_TORCH_DTYPES[out_name]
+    arch = gg.device_runtime().arch
     rows, n, k = case.rows, layer.n, layer.k
     counts = route(case.tokens, layer.experts, case.topk, seed)
     n_sets = input_sets(layer_weight_bytes(layer), rows * (k // 2 + k // 16))
@@ -260,12 +263,25 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
         "max_per_expert": max(counts), "counts": counts,
         "fp4_floor_us": fp4_bytes(counts, n, k, dtype.itemsize) / (gbs * 1e3),
         "mma_floor_us": mma_flops(counts, n, k) / (tflops * 1e6),
-        "kernel": select_serving(gg.kernels, gg.device_runtime().arch, layer.experts, n, k,
-                                 rows, out_name).name}
+        "kernel": select_serving(gg.kernels, arch, layer.experts, n, k, rows, out_name).name}
     outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
     graphs = [capture(lambda i=i, w=w, o=o: gg.scaled_grouped_mm(
         i["a"], w.b, i["sfa"], w.sfb, offs, out=o)) for i, w, o in zip(inputs, w_of, outs)]
-    row["ours_us"] = time_graphs(graphs, reps)
+    if before is None:
+        row["ours_us"] = time_graphs(graphs, reps)
+    else:
+        # --compare: the other artifacts' scaled_grouped_mm on the same inputs, its replays
+        # interleaved with ours (one process, one clock state), its output equal to ours.
+        b_outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
+        b_graphs = [capture(lambda i=i, w=w, o=o: before.scaled_grouped_mm(
+            i["a"], w.b, i["sfa"], w.sfb, offs, out=o)) for i, w, o in zip(inputs, w_of, b_outs)]
+        row["ours_us"], row["before_us"] = time_interleaved([graphs, b_graphs], reps)
+        b_graphs[-1].replay()
+        row["before_kernel"] = select_serving(before.kernels, arch, layer.experts, n, k, rows,
+                                              out_name).name
+        graphs[-1].replay()
+        row["before_same"] = bool(torch.equal(b_outs[-1][:rows], outs[-1][:rows]))
+        del b_graphs, b_outs
     graphs[-1].replay()  # the last set's output, for the checks
     ours = outs[-1]
     del graphs
@@ -352,7 +368,9 @@ def fmt(x: float, digits: int = 1) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | own kernel us | "
+    compare = any("before_us" in r for r in rows)
+    head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | "
+            + ("before us | " if compare else "") + "own kernel us | "
             "grp_mm us | x | cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % "
             "| check |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -360,8 +378,11 @@ def table(rows: list[dict]) -> str:
         o, run_by = r["ours_us"], r["kernel"].split(".")[0]  # scaled_grouped_mm's choice
         name = r["set"] if run_by == r["set"] else f"{r['set']} (run by {run_by})"
         cells = [name, r["experts"], r["n"], r["k"], f"{r['tokens']} x {r['topk']}", r["rows"],
-                 r["experts_hit"], fmt(o),
-                 fmt(r.get("own_us", float("nan")))
+                 r["experts_hit"], fmt(o)]
+        if compare:
+            cells.append(fmt(r.get("before_us", float("nan")))
+                         + ("" if r.get("before_same", True) else " (DIFFERS)"))
+        cells += [fmt(r.get("own_us", float("nan")))
                  + ("" if r.get("own_same", True) else " (DIFFERS)")]
         for key in ("grouped_mm_us", "cublas_us", "fp8_us"):  # time, x = theirs / ours
             cells += [fmt(r[key]), fmt(r[key] / o, 2)]
@@ -383,10 +404,14 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--seed", type=int, default=26)
     ap.add_argument("--json", help="write all numbers here")
+    ap.add_argument("--compare", metavar="DIR",
+                    help="also time these artifacts' scaled_grouped_mm on every case, its "
+                         "replays interleaved with ours (a before/after A/B in one run)")
     args = ap.parse_args()
     if args.topk < 1 or any(t < 1 for t in args.tokens):
         ap.error("--topk and --tokens must be positive")
     gg = runtime.load(args.artifacts)
+    before = runtime.load(args.compare) if args.compare else None
     arch = gg.device_runtime().arch
     names = args.only or (None if args.all_layers else model_sets())
     layers = expert_layers(gg.kernels, arch, OUT[args.out_dtype], names)
@@ -406,7 +431,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             try:
                 r = bench_case(gg, case, wsets, ceilings, OUT[args.out_dtype], args.reps,
-                               args.seed)
+                               args.seed, before)
                 print(f"  {layer.set} T={case.tokens}: ours {r['ours_us']:.1f} us, grouped_mm "
                       f"{r['grouped_mm_us']:.1f}, cuBLAS {r['cublas_us']:.1f}, fp8 "
                       f"{fmt(r['fp8_us'])} ({r['check']})", flush=True)
