@@ -91,11 +91,13 @@ def model_sets(spec: Path = ROOT / "shapes.yaml") -> list[str]:
 def expert_layers(entries: Any, arch: str, out_dtype: str,
                   sets: list[str] | None = None) -> list[Layer]:
     """Entries of `arch` and `out_dtype` that are expert layers (dynamic m, E >= 2 identical
-    (n, k) groups), of `sets` when given, in manifest order."""
+    (n, k) groups; not the masked layout's: bench_masked.py times those), of `sets` when given,
+    in manifest order."""
     out = []
     for e in entries:
         dyn = dynamic_groups(e)
-        if (e.arch != arch or e.out_dtype != out_dtype or dyn is None or len(dyn[0]) < 2
+        if (e.arch != arch or e.out_dtype != out_dtype or dyn is None or e.takes_masked
+                or len(dyn[0]) < 2
                 or len(set(dyn[0])) != 1 or (sets is not None and e.set not in sets)):
             continue
         out.append(Layer(e.name, e.set, len(dyn[0]), *dyn[0][0], dyn[1]))

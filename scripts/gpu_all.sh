@@ -43,8 +43,9 @@ for s in "${STEPS[@]}"; do
     # gg.scaled_grouped_mm bit-exact on every expert layer (issue 26), 3 graph replays each.
     serving) step serving 420 python scripts/serving_check.py --artifacts artifacts --reps 3 ;;
     # The model benchmark (issues 26, 27): every declared model layer at 64..16384 tokens.
+    # MODELS_ARGS: more arguments (--only SETS, --tokens, --compare DIR).
     models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \
-        --json "$LOG/models.json" ;;
+        --json "$LOG/models.json" ${MODELS_ARGS:-} ;;
     # Not yet run on a GPU (sixteenth session): the masked layout (issue 27).
     masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
     masked_bench) step masked_bench 300 python bench/bench_masked.py --artifacts artifacts \

@@ -19,8 +19,10 @@ from runtime.manifest import Serves
 L2 = 50 * 2**20
 
 
-def entry(name: str, groups, arch="sm_90a", dtype="bfloat16", dynamic=True, max_m=None):
+def entry(name: str, groups, arch="sm_90a", dtype="bfloat16", dynamic=True, max_m=None,
+          masked=False):
     return SimpleNamespace(name=f"{name}.{arch}.{dtype}", set=name, arch=arch, out_dtype=dtype,
+                           takes_masked=masked,
                            serves=Serves(groups=tuple(tuple(g) for g in groups),
                                          dynamic_m=dynamic, max_m=max_m))
 
@@ -44,6 +46,7 @@ def test_expert_layers_are_dynamic_sets_of_identical_groups() -> None:
         entry("single", [(256, 512)]),
         entry("exact", [(8, 256, 512)] * 4, dynamic=False),
         entry("other", [(1024, 2048)] * 16),
+        entry("masked", [(256, 512)] * 4, masked=True),  # bench_masked.py's, not a layer here
     ]
     got = bm.expert_layers(entries, "sm_90a", "bfloat16")
     assert got == [bm.Layer("layer.sm_90a.bfloat16", "layer", 4, 256, 512, 300),
