@@ -49,6 +49,7 @@ from serving_check import draw_nvfp4
 
 import runtime
 from runtime.dispatch import dynamic_groups
+from runtime.masked import select_masked
 from runtime.nvfp4 import EXACT_DATA, to_blocked
 
 DEFAULT_MAX_M = (16, 32, 64, 128, 256)
@@ -66,11 +67,16 @@ def masked_counts(experts: int, max_m: int, fill: float, seed: int) -> list[int]
 
 
 def masked_layers(entries: Any, arch: str, out_dtype: str) -> list[Layer]:
-    out = []
+    """One layer per (E, N, K) of the masked sets (the first set declaring it names it): every
+    call goes through masked_grouped_mm, which picks among the layer's kernels itself."""
+    out, seen = [], set()
     for e in entries:
         dyn = dynamic_groups(e)
         if e.arch == arch and e.out_dtype == out_dtype and e.takes_masked and dyn is not None:
-            out.append(Layer(e.name, e.set, len(dyn[0]), *dyn[0][0], dyn[1]))
+            layer = Layer(e.name, e.set, len(dyn[0]), *dyn[0][0], dyn[1])
+            if (layer.experts, layer.n, layer.k) not in seen:
+                seen.add((layer.experts, layer.n, layer.k))
+                out.append(layer)
     return out
 
 
@@ -107,6 +113,8 @@ def bench_case(gg: Any, layer: Layer, max_m: int, fill: float, wsets: list, ceil
         i["a"], w.b, i["sfa"], w.sfb, masked_m, expected_m=expected, out=o))
         for i, w, o in zip(inputs, w_of, outs)]
     row["ours_us"] = time_graphs(graphs, reps)
+    row["kernel"] = select_masked(gg.kernels, gg.device_runtime().arch, e, n, k, expected,
+                                  "bfloat16").name
     graphs[-1].replay()
     ours = torch.cat([outs[-1][g, :m] for g, m in enumerate(counts)])
     del graphs, outs
@@ -122,7 +130,9 @@ def table(rows: list[dict]) -> str:
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in rows:
         o = r["ours_us"]
-        cells = [r["set"], r["experts"], r["n"], r["k"], r["max_m"], r["rows"], r["experts_hit"],
+        run_by = r.get("kernel", r["set"]).split(".")[0]
+        name = r["set"] if run_by == r["set"] else f"{r['set']} (run by {run_by})"
+        cells = [name, r["experts"], r["n"], r["k"], r["max_m"], r["rows"], r["experts_hit"],
                  fmt(o)]
         for key in ("grouped_mm_us", "fp8_us"):
             cells += [fmt(r[key]), fmt(r[key] / o, 2)]
