@@ -403,9 +403,9 @@ class _Checker:
         """n and k against every arch's kernel family (K tile, N multiple)."""
         for arch in archs:
             cfg = self.families.family_for(arch).config
-            if k % cfg.K_TILE:
-                raise self.fail(k_path, f"k must be a multiple of {cfg.K_TILE} (the {arch} "
-                                        f"kernel's K tile), but got {k}")
+            if k % cfg.K_MULTIPLE:
+                raise self.fail(k_path, f"k must be a multiple of {cfg.K_MULTIPLE} (the {arch} "
+                                        f"kernel's K granule), but got {k}")
             if n % cfg.N_MULTIPLE:
                 raise self.fail(n_path, f"n must be a multiple of {cfg.N_MULTIPLE} (the {arch} "
                                         f"kernel's N multiple), but got {n}")

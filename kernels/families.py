@@ -17,7 +17,7 @@ OWN_KEYS = ("acc_stages", "out_dtype")
 @dataclass(frozen=True)
 class Family:
     name: str  # "sm90", "sm100"
-    config: ModuleType  # has Config (frozen dataclass), ACC_STAGES, K_TILE, check()
+    config: ModuleType  # has Config (frozen dataclass), ACC_STAGES, K_TILE, K_MULTIPLE, check()
     compile_module: str  # imported in the build worker only: it imports cutlass
 
     def option_names(self) -> tuple[str, ...]:

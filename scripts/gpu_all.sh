@@ -61,6 +61,7 @@ for s in "${STEPS[@]}"; do
         --only qwen3_30b_down_decode.sm_90a.acc1.bf16 --only qwen3_30b_gateup.sm_90a.acc1.bf16 \
         --only dsv3_down_e256.sm_90a.acc1.bf16 --only dsv3_gateup_e32_decode.sm_90a.acc1.bf16 \
         --only ep_e8_down.sm_90a.acc1.f16 --only qwen3_235b_down_e16.sm_90a.acc1.bf16 \
+        --only gptoss_gateup.sm_90a.acc1.bf16 --only gptoss_down.sm_90a.acc1.f16 \
         --t 64 --t 512 --t 4096 ;;
     # What bounds decode (issue 27): fixed cost and per-tile cost of the decode kernels.
     bound) step bound 200 python experiments/decode_bound.py --artifacts artifacts --reps 30 ;;

@@ -25,6 +25,7 @@ CONFIG = '''\
 from dataclasses import dataclass
 
 K_TILE = 256
+K_MULTIPLE = K_TILE
 N_MULTIPLE = 128
 ACC_STAGES = {acc}
 

@@ -611,7 +611,7 @@ def test_cli_spec_error_exits_2_and_writes_nothing(fake: Fake, tmp_path: Path) -
     proc = cli(fake, "build", "--spec", str(spec), "--out", str(tmp_path / "artifacts"))
     assert proc.returncode == 2
     assert proc.stderr == (f"error: {spec}: sets[dense].groups[0][2]: k must be a multiple of "
-                           "256 (the sm_90a kernel's K tile), but got 4000\n")
+                           "256 (the sm_90a kernel's K granule), but got 4000\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["_fake", "shapes.yaml"]
     assert fake.compiles() == []
 

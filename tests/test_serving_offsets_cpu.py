@@ -312,3 +312,22 @@ def test_long_lived_buffers_are_allocated_off_the_calling_thread(dev, monkeypatc
     assert ws[1] >= 5000 and bool((ws[0][:128] == 0).all()) and int(ws[0][128]) == 7
     assert dev.rt._workspace(7, 100, 128) is ws  # kept: no second allocation
     assert len(threads) == 1
+
+
+def test_k_multiple_is_64_on_the_staged_kernel_and_256_elsewhere() -> None:
+    from kernels.sm90.config import Config, check_groups, k_multiple
+
+    assert k_multiple(Config()) == 64
+    assert check_groups(Config(), [2880, 64]) == []
+    assert check_groups(Config(), [2880, 2900]) == [
+        "k must be a multiple of 64 with these options (one 64-K fp16 A slot and one scale "
+        "atom), but the groups have k [2900]"]
+    assert k_multiple(Config(stream_a=True)) == 256
+    assert check_groups(Config(stream_a=True), [2880]) == [
+        "k must be a multiple of 256 with these options (stream_a stages A in whole K_TILE "
+        "stages), but the groups have k [2880]"]
+    assert k_multiple(Config(a_fp16=False, async_epilogue=False, patch_ahead=False)) == 256
+    assert check_groups(Config(a_fp16=False, async_epilogue=False, patch_ahead=False),
+                        [2880, 2048, 320]) == [
+        "k must be a multiple of 256 with these options (the v2 kernel converts whole K_TILE "
+        "stages), but the groups have k [320, 2880]"]

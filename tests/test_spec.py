@@ -136,7 +136,7 @@ CASES = [
     ("[40, 7168, 2048]", "[40, 7168, 0]",
      E + "sets[moe_down].groups[0][2]: k must be > 0, but got 0"),
     ("[168, 7168, 2048]]", "[168, 7168, 1000]]",
-     E + "sets[moe_down].groups[2][2]: k must be a multiple of 256 (the sm_90a kernel's K tile), "
+     E + "sets[moe_down].groups[2][2]: k must be a multiple of 256 (the sm_90a kernel's K granule), "
      "but got 1000"),
     ("[76, 7168, 2048]", "[76, 7000, 2048]",
      E + "sets[moe_down].groups[1][1]: n must be a multiple of 128 (the sm_90a kernel's N "
@@ -265,6 +265,9 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         assert 2 <= len(s.groups) <= 4, s.name
         assert len({g[1] for g in s.groups}) > 1 and len({g[2] for g in s.groups}) > 1, s.name
         assert any(g[0] % 128 for g in s.groups), s.name
+    # gpt-oss's K = 2880 (a multiple of 64, not 256): Hopper-only, like the masked sets below.
+    gptoss = [sets.pop(n) for n in ("gptoss_gateup", "gptoss_down")]
+    assert all(s.archs == ("sm_90a",) and s.groups[0][-1] == 2880 for s in gptoss)
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
@@ -277,7 +280,7 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # Every set builds both output types (issue 24: bf16 for models, fp16 for the seed's API).
     assert all(s.out_dtypes == ("bfloat16", "float16") for s in spec.sets)
     items = expand(spec, fams)
-    assert len(items) == 2 * (3 * len(sets) + 3 + len(masked))
+    assert len(items) == 2 * (3 * len(sets) + 3 + len(masked) + len(gptoss))
     assert len({it.name for it in items}) == len(items)
 
 
@@ -336,7 +339,7 @@ DYN_CASES = [
      D + ".groups[0][0]: n must be a multiple of 128 (the sm_90a kernel's N multiple), but got "
      "4000"),
     ("[7168, 2048]]", "[7168, 2000]]",
-     D + ".groups[1][1]: k must be a multiple of 256 (the sm_90a kernel's K tile), but got "
+     D + ".groups[1][1]: k must be a multiple of 256 (the sm_90a kernel's K granule), but got "
      "2000"),
     ("max_m: 4096", "max_m: 0", D + ".max_m: max_m must be > 0, but got 0"),
     ("max_m: 4096", "max_m: 4k", D + ".max_m: max_m must be an int, but got str '4k'"),
@@ -471,7 +474,7 @@ def test_expert_set_is_a_dynamic_set_of_identical_groups(fams: Families) -> None
     ("    experts: 0\n    n: 256\n    k: 512\n", "sets[layer].experts: experts must be in "
                                                   "1..1024, but got 0"),
     ("    experts: 2\n    n: 256\n    k: 500\n", "sets[layer].k: k must be a multiple of 256 "
-                                                  "(the sm_90a kernel's K tile), but got 500"),
+                                                  "(the sm_90a kernel's K granule), but got 500"),
     ("    experts: 2\n    n: 200\n    k: 512\n", "sets[layer].n: n must be a multiple of 128 "
                                                   "(the sm_90a kernel's N multiple), but got 200"),
     ("    experts: 2\n    n: 256\n    k: 512\n    groups: [[256, 512]]\n",

@@ -8,6 +8,8 @@ from runtime.manifest import OUT_DTYPES
 
 # Tile of one CTA: M x N output, K per pipeline stage (fixed by the tcgen05 block-scaled MMA setup).
 TILE_M, TILE_N, K_TILE = 128, 128, 256
+# What a call's k must be a multiple of (whole K tiles: the tcgen05 pipeline has no partial one).
+K_MULTIPLE = K_TILE
 # C rows are written with 16-byte vectors when a tile is full: keep them aligned.
 N_MULTIPLE = 8
 ACC_STAGES = (1, 2)

@@ -13,6 +13,11 @@ K_TILE = 256
 # a pipeline stage holds K_TILE // 64 atoms of each 128-row block it covers.
 SCALE_ATOM_BYTES = 512
 SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64
+# The K a call's k must be a multiple of: one 64-K fp16 A slot, one 512-byte scale atom. A tile's
+# last K_TILE stage may then run past k: TMA fills the weights, scales and fp16 A past k with
+# zeros, whose products add exact zeros (gpt-oss's K = 2880, issue 26). The v2 kernel and
+# stream_a (A staged and counted in whole K_TILE stages) keep K_TILE (k_multiple()).
+K_MULTIPLE = 64
 # C rows are written with 16-byte vectors: n must keep them aligned.
 N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
@@ -167,9 +172,21 @@ def can_implement(config: Config, shapes: Sequence[Sequence[int]] | None = None)
     return check(config) + check_groups(config, [g[-1] for g in shapes])
 
 
+def k_multiple(config: Config) -> int:
+    """What every group's k must be a multiple of for this config (K_MULTIPLE's comment)."""
+    return K_MULTIPLE if config.a_fp16 is True and config.stream_a is False else K_TILE
+
+
 def check_groups(config: Config, ks: list[int]) -> list[str]:
     """Reasons the config cannot serve groups of these k (in order); empty when it can."""
     reasons = []
+    bad = sorted({k for k in ks if k % k_multiple(config)})
+    if bad:
+        why = ("the v2 kernel converts whole K_TILE stages" if config.a_fp16 is not True
+               else "stream_a stages A in whole K_TILE stages" if config.stream_a is not False
+               else "one 64-K fp16 A slot and one scale atom")
+        reasons.append(f"k must be a multiple of {k_multiple(config)} with these options "
+                       f"({why}), but the groups have k {bad}")
     if config.stream_a is True:
         if len(set(ks)) > 1:
             reasons.append(f"stream_a needs one k for all groups (it stages A in K order "

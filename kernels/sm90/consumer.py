@@ -12,7 +12,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, Uint32
 from cutlass.cute.nvgpu import warpgroup
 
-from .config import K_TILE, SUB_K
+from .config import SUB_K
 from .context import MmaOperands
 from .structure import PACKED_ROW_BYTES, SUB_STEPS
 
@@ -93,7 +93,7 @@ class TileConsumer:
         trace = self._tile_trace(tile, cta, ct)
         self._stamp_tile(trace, 0)
         b_state, a_state, prev_slot = self._k_loop(mma, b_state, a_state, prev_slot, 0,
-                                                   k // K_TILE, scale_row0, ct, trace)
+                                                   self._k_stages(k), scale_row0, ct, trace)
         self._stamp_tile(trace, 1)
         return b_state, a_state, prev_slot, trace
 

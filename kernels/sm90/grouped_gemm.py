@@ -40,8 +40,9 @@ Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatena
 lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
 sizes, pointers and the grid are run-time values; nothing about the call is baked into the cubin.
 
-Constraints: k % 256 == 0, n % 8 == 0, 16-byte aligned rows and base pointers, scales padded to
-128-row atoms (the blocked layout always is). Build:
+Constraints: k % 64 == 0 (k % 256 for v2 and stream_a: config.k_multiple), n % 8 == 0,
+16-byte aligned rows and base pointers, scales padded to 128-row atoms (the blocked layout
+always is). Build:
     CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
 
 Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
@@ -93,6 +94,7 @@ from .config import (
     Config,
     c_tile_bytes,
     can_implement,
+    k_multiple,
     scale_blocks,
     smem_bytes,
 )
@@ -438,6 +440,13 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         return (group, sizes[group, tables.COL_M], sizes[group, tables.COL_N],
                 sizes[group, tables.COL_K])
 
+    def _k_stages(self, k: Int32) -> Int32:
+        """K_TILE stages of a tile of this k: the last may run past k (config.K_MULTIPLE).
+        Configs that take whole stages only keep the plain quotient (and their cubins)."""
+        if k_multiple(self.config) == K_TILE:
+            return k // K_TILE
+        return (k + K_TILE - 1) // K_TILE
+
     @cute.jit
     def _tile_coords(self, tile: Int32, group: Int32, prefix: cute.Tensor, m: Int32):
         local = tile - prefix[group]
@@ -586,6 +595,6 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
             header_bytes=gemm.header_bytes,
             bytes_per_a_element=2 if config.a_fp16 else 0,
             extra_bytes_per_cta=gemm.trace_bytes),
-        constraints={"groups": [list(g) for g in groups], "k_multiple": K_TILE,
+        constraints={"groups": [list(g) for g in groups], "k_multiple": k_multiple(config),
                      "n_multiple": N_MULTIPLE},
     )

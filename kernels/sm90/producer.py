@@ -48,7 +48,7 @@ class TileProducer:
         pre = Int32(0)
         if cta.first_tile < cta.tile_end:
             group, _, _, k = self._group_of(cta.first_tile, Int32(0), cta.prefix, cta.sizes)
-            pre = cutlass.min(Int32(self.stages), k // K_TILE)
+            pre = cutlass.min(Int32(self.stages), self._k_stages(k))
         return group, pre
 
     @cute.jit
@@ -167,7 +167,7 @@ class TileProducer:
             if group != prev_group:
                 desc_set = ahead_set  # patched while the previous tile loaded
                 prev_group = group
-            stages = k // K_TILE
+            stages = self._k_stages(k)
             d_b, d_a, d_sfb, row_a, row_b, wait = self._tile_loads(ws, cta, desc_set, tile, group,
                                                                    m, progress)
             # Stage 0: the second weight stage unless the prologue loaded it, then the A.
