@@ -1,4 +1,4 @@
-"""bench/diag_build.py and bench/diag_kernels.py: every variant overrides roles the shipped
+"""experiments/diag_build.py and experiments/diag_kernels.py: every variant overrides roles the shipped
 kernel still has, and a diagnostic build comes out as described (checked in its SASS)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import diag_build
 
 NEEDS_DSL = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
@@ -34,7 +34,7 @@ def test_the_build_runs_the_variant_through_the_families_hook() -> None:
     env = diag_build.build_env("noconv")
     assert env["NVFP4_BUILD_FAMILIES"] == "diag_families"
     assert env[diag_build.ENV_VARIANT] == "noconv"
-    assert env["PYTHONPATH"].split(":")[:2] == [str(ROOT / "bench"), str(ROOT)]
+    assert env["PYTHONPATH"].split(":")[:2] == [str(ROOT / "experiments"), str(ROOT)]
 
 
 @NEEDS_DSL
@@ -64,7 +64,7 @@ def test_compute_only_build_has_no_tma_and_no_consumer_waits(tmp_path: Path) -> 
     spec.write_text("schema_version: 1\ndefaults:\n  archs: [sm_90a]\n  acc_stages: {sm_90a: [1]}\n  out_dtypes: [float16]\n"
                     "sets:\n  - name: one\n    groups: [[128, 256, 256]]\n")
     out = tmp_path / "art"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "diag_build.py"), "compute_only",
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "diag_build.py"), "compute_only",
                            "--spec", str(spec), "--out", str(out), "-j", "1"],
                           capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

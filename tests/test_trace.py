@@ -1,5 +1,5 @@
 """Config.trace (a diagnostic build: clock stamps per CTA in the workspace) and
-bench/trace_run.py's reading of them: the option is checked like the others, a trace build
+experiments/trace_run.py's reading of them: the option is checked like the others, a trace build
 compiles (as the shipped kernel with its no-op hooks overridden) and reserves its record in the
 workspace, and the decoder turns known stamps into the
 phase lengths they encode."""
@@ -23,6 +23,7 @@ from kernels.sm90.config import (
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import trace_run
 
 SUB_STEPS = K_TILE // SUB_K
@@ -164,7 +165,7 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
     from builder.families import load_families
     from builder.spec import load_spec
 
-    spec = load_spec(ROOT / "bench" / "trace_ab.yaml", load_families("kernels.families"))
+    spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", load_families("kernels.families"))
     assert [s.name for s in spec.sets] == ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
     for s in spec.sets:
         assert list(s.groups) == trace_run.ALL_SETS[s.name]

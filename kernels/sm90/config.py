@@ -101,7 +101,7 @@ class Config:
     blocked_tiles: bool = False
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
-    # workspace per CTA, which bench/trace_run.py reads back. compile_kernel builds it as
+    # workspace per CTA, which experiments/trace_run.py reads back. compile_kernel builds it as
     # trace.py's subclass (hooks.py's overrides); the default cubins are unchanged.
     trace: bool = False
 
@@ -126,7 +126,7 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
 SMEM_LIMIT = 232448
 FP16_BUFFERS, SUB_K = 3, 64
 
-# Config.trace's record per CTA: 8-byte clock stamps at fixed places (bench/trace_run.py).
+# Config.trace's record per CTA: 8-byte clock stamps at fixed places (experiments/trace_run.py).
 # Tiles past TRACE_TILES are not recorded; stages past TRACE_STAGES share the last slot.
 TRACE_TILES, TRACE_STAGES = 4, 32
 # Per 64-K step of the first consumer warpgroup: weights ready, A slot ready, wgmma issued,

@@ -125,7 +125,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
     # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
-    # thread holds too much); diagnostic subclasses without MMA (bench/diag_kernels.py) clear it.
+    # thread holds too much); diagnostic subclasses without MMA (experiments/diag_kernels.py)
+    # clear it.
     REQUIRE_ASYNC_WGMMA = True
 
     def __init__(self, config: Config) -> None:
@@ -529,7 +530,7 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
                    kernel_class: type[Sm90GroupedGemm] | None = None) -> CompiledKernel:
     """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
     `kernel_class`: a subclass overriding some roles, for diagnostic builds only
-    (bench/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
+    (experiments/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
     subclass (trace.py). The shipped kernels are Sm90GroupedGemm's."""
     if kernel_class is None:
         if config.device_offsets:

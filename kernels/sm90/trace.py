@@ -1,4 +1,4 @@
-"""Config.trace's clock stamps (a diagnostic build option; bench/trace_run.py reads them): a
+"""Config.trace's clock stamps (a diagnostic build option; experiments/trace_run.py reads them): a
 record per CTA in the workspace, between the descriptors and the fp16 A (where stream-K's
 partial slots would sit), with the SM's %clock64 at fixed places (kernels/sm90/config.py,
 TRACE_*). TracedSm90GroupedGemm overrides the shipped kernel's no-op hooks (hooks.py);

@@ -1,5 +1,5 @@
-"""The diagnostic variants of the sm_90a v3 kernel (bench/diag_build.py builds them): each is a
-subclass of the shipped Sm90GroupedGemm that overrides one role method or two, so a bench run
+"""The diagnostic variants of the sm_90a v3 kernel (experiments/diag_build.py builds them): each
+is a subclass of the shipped Sm90GroupedGemm that overrides one role method or two, so a bench run
 shows what the part it removes costs. Their results are WRONG by design (sa_storers_first
 aside); never serve them. Imports cutlass: load it only where the DSL is installed.
 

@@ -1,4 +1,4 @@
-"""The kernel families of a diagnostic build (bench/diag_build.py passes this module to the
+"""The kernel families of a diagnostic build (experiments/diag_build.py passes this module to the
 builder as NVFP4_BUILD_FAMILIES): sm_90a only, compiled by diag_kernels.compile_kernel, which
 builds the variant NVFP4_DIAG_VARIANT names instead of the shipped kernel."""
 

@@ -1,7 +1,7 @@
 """Where a CTA's time goes, from the clock stamps of a Config.trace build (sm_90a, H200).
 
-    python build_kernels.py build --spec bench/trace_ab.yaml --out .trace     # on a CPU
-    PYTHONPATH=. python bench/trace_run.py --artifacts .trace --sets moe_down dense_a
+    python build_kernels.py build --spec experiments/trace_ab.yaml --out .trace     # on a CPU
+    PYTHONPATH=. python experiments/trace_run.py --artifacts .trace --sets moe_down dense_a
 
 A trace build stores %clock64 (the SM's cycle counter) at fixed places of a per-CTA record in
 the workspace (kernels/sm90/config.py, TRACE_*): for every 64-K step of the first consumer

@@ -1,12 +1,12 @@
 """Diagnostic builds of the sm_90a v3 kernel: each removes one part of the tile loop, so a
 bench run shows what that part costs. Their results are WRONG by design; never serve them.
 
-    python bench/diag_build.py VARIANT --spec SPEC.yaml --out DIR [-j N]
+    python experiments/diag_build.py VARIANT --spec SPEC.yaml --out DIR [-j N]
     # then on the GPU: python bench/bench_grouped.py --artifacts DIR --no-baselines
 
 Each variant is a subclass of the shipped kernel class that overrides one role method or two
-(bench/diag_kernels.py); build_kernels.py builds it through the builder's families hook
-(NVFP4_BUILD_FAMILIES=diag_families, bench/diag_families.py) with NVFP4_DIAG_VARIANT naming
+(experiments/diag_kernels.py); build_kernels.py builds it through the builder's families hook
+(NVFP4_BUILD_FAMILIES=diag_families, experiments/diag_families.py) with NVFP4_DIAG_VARIANT naming
 the variant, always recompiling (--force: the build key does not know the variant). Variants
 (docs/lab_notebook.md, 2026-11-30, has runs of the first three):
   noconv        weight words go to the wgmma fragments unconverted (loads kept)
@@ -55,7 +55,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent
 ENV_VARIANT = "NVFP4_DIAG_VARIANT"  # diag_kernels.ENV_VARIANT (that module imports cutlass)
 FAMILIES_MODULE = "diag_families"
 
@@ -93,12 +93,12 @@ def check_variant(variant: str) -> None:
 
 def build_env(variant: str) -> dict[str, str]:
     """The builder's environment for `variant`: the diagnostic families and the variant, both
-    inherited by the build workers; bench/ importable in the parent and the workers."""
+    inherited by the build workers; experiments/ importable in the parent and the workers."""
     check_variant(variant)
     env = dict(os.environ)
     env["NVFP4_BUILD_FAMILIES"] = FAMILIES_MODULE
     env[ENV_VARIANT] = variant
-    env["PYTHONPATH"] = os.pathsep.join([str(BENCH), str(ROOT),
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT),
                                          *filter(None, [env.get("PYTHONPATH")])])
     return env
 
