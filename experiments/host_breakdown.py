@@ -23,6 +23,7 @@ from offsets_quick import routing
 from serving_extras import layer_for
 
 import runtime
+from runtime import launch
 
 N = 3000
 
@@ -88,11 +89,15 @@ def main() -> int:
          per_iter(torch.cuda.is_current_stream_capturing)),
         ("launch_offsets", per_iter(lambda: rt.launch_offsets(op, addrs, alpha.data_ptr()),
                                     sync_every=100)),
-        ("op.launch (pack + cuLaunchKernelEx)",
+        ("op.launch (pack + native cuLaunchKernelEx)",
          per_iter(lambda: op.launch(stream, (*addrs, ws[2], ws[2], alpha.data_ptr())),
                   sync_every=100)),
         ("torch.empty((1,), cuda)", per_iter(lambda: torch.empty(1, device="cuda"))),
     ]
+    params, config, _ = op._slot()
+    lines.append(("cuda-python cuLaunchKernelEx (runtime.launch.launch)",
+                  per_iter(lambda: launch.launch(op.function, config, stream,
+                                                 params.kernel_params), sync_every=100)))
     print(f"{torch.cuda.get_device_name()}, {args.entry}, T = {args.t}")
     for name, us in lines:
         print(f"  {name:45s} {us:7.2f} us")
