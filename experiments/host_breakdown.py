@@ -11,6 +11,7 @@ Each line: mean us per iteration over N iterations (after a warm-up); launches i
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,10 +95,20 @@ def main() -> int:
                   sync_every=100)),
         ("torch.empty((1,), cuda)", per_iter(lambda: torch.empty(1, device="cuda"))),
     ]
+    # The launch primitive alone, both ways, their blocks interleaved (this machine's speed
+    # drifts by 2x between leases and within a process).
     params, config, _ = op._slot()
-    lines.append(("cuda-python cuLaunchKernelEx (runtime.launch.launch)",
-                  per_iter(lambda: launch.launch(op.function, config, stream,
-                                                 params.kernel_params), sync_every=100)))
+    nat = launch.NativeLaunch(config)
+    fn_at, kp = int(op.function), params.kernel_params
+    ways = {"native (ctypes)": lambda: nat(fn_at, stream, kp),
+            "cuda-python": lambda: launch.launch(op.function, config, stream, kp)}
+    blocks: dict[str, list[float]] = {w: [] for w in ways}
+    for _ in range(40):
+        for w, f in ways.items():
+            blocks[w].append(per_iter(f, n=100, sync_every=100))
+    for w in ways:
+        lines.append((f"cuLaunchKernelEx {w}, median of 40 blocks",
+                      statistics.median(blocks[w])))
     print(f"{torch.cuda.get_device_name()}, {args.entry}, T = {args.t}")
     for name, us in lines:
         print(f"  {name:45s} {us:7.2f} us")
