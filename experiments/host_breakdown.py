@@ -11,7 +11,6 @@ Each line: mean us per iteration over N iterations (after a warm-up); launches i
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,6 @@ from offsets_quick import routing
 from serving_extras import layer_for
 
 import runtime
-from runtime import launch
 
 N = 3000
 
@@ -90,25 +88,11 @@ def main() -> int:
          per_iter(torch.cuda.is_current_stream_capturing)),
         ("launch_offsets", per_iter(lambda: rt.launch_offsets(op, addrs, alpha.data_ptr()),
                                     sync_every=100)),
-        ("op.launch (pack + native cuLaunchKernelEx)",
+        ("op.launch (pack + cuLaunchKernelEx)",
          per_iter(lambda: op.launch(stream, (*addrs, ws[2], ws[2], alpha.data_ptr())),
                   sync_every=100)),
         ("torch.empty((1,), cuda)", per_iter(lambda: torch.empty(1, device="cuda"))),
     ]
-    # The launch primitive alone, both ways, their blocks interleaved (this machine's speed
-    # drifts by 2x between leases and within a process).
-    params, config, _ = op._slot()
-    nat = launch.NativeLaunch(config)
-    fn_at, kp = int(op.function), params.kernel_params
-    ways = {"native (ctypes)": lambda: nat(fn_at, stream, kp),
-            "cuda-python": lambda: launch.launch(op.function, config, stream, kp)}
-    blocks: dict[str, list[float]] = {w: [] for w in ways}
-    for _ in range(40):
-        for w, f in ways.items():
-            blocks[w].append(per_iter(f, n=100, sync_every=100))
-    for w in ways:
-        lines.append((f"cuLaunchKernelEx {w}, median of 40 blocks",
-                      statistics.median(blocks[w])))
     print(f"{torch.cuda.get_device_name()}, {args.entry}, T = {args.t}")
     for name, us in lines:
         print(f"  {name:45s} {us:7.2f} us")

@@ -138,7 +138,6 @@ class DevicePlan:
         self.workspace_bytes = max(plan.workspace_bytes, 1)
         self.workspace_header = plan.workspace_header
         self.function = prepared.loaded.function
-        self._function_at = int(self.function)
         self.uses = 0  # plan lookups that returned this plan (approximate across threads)
         # (ptrs, pointer table) of the last cached launch: a repeat skips the cache lookup.
         self.last: tuple[tuple[int, ...], device_tables.DeviceTable] | None = None
@@ -183,14 +182,13 @@ class OffsetsPlan:
     templates and scalars written once, so a launch writes only the nine addresses of
     OFFSETS_CALL_ROLES (one struct pack when their slots are contiguous, as recorded today)."""
 
-    __slots__ = ("_function_at", "_local", "_pack", "entry", "function", "grid", "header", "ones",
-                 "prepared", "values", "workspace_bytes")
+    __slots__ = ("_local", "_pack", "entry", "function", "grid", "header", "ones", "prepared",
+                 "values", "workspace_bytes")
 
     def __init__(self, entry: KernelEntry, prepared: PreparedKernel, grid: int,
                  workspace_bytes: int, values: dict[str, int], ones: int) -> None:
         self.entry, self.prepared, self.grid = entry, prepared, grid
         self.function = prepared.loaded.function
-        self._function_at = int(self.function)
         self.workspace_bytes = max(workspace_bytes, 1)
         self.header = entry.tables.tensormap_workspace.header_bytes
         self.values = values  # num_groups, rows, n, k
@@ -225,19 +223,15 @@ class OffsetsPlan:
             params = pack_params(self.entry.params, values)
             config = launch.make_config(self.grid, self.entry.block, self.entry.dynamic_smem,
                                         self.entry.cluster, self.entry.grid.cooperative)
-            s = self._local.slot = (params, config, launch.native(config))
+            s = self._local.slot = (params, config)
         return s
 
     def launch(self, stream: int, addresses: tuple[int, ...]) -> None:
         """Launch on `stream` (this device's context current) with the nine addresses of
-        OFFSETS_CALL_ROLES, in that order: through the slot's NativeLaunch where there is one
-        (the serving hot path), else runtime.launch.launch."""
-        params, config, native = self._slot()
+        OFFSETS_CALL_ROLES, in that order."""
+        params, config = self._slot()
         self._pack(params.buffer, addresses)
-        if native is not None:
-            native(self._function_at, stream, params.kernel_params)
-        else:
-            launch.launch(self.function, config, stream, params.kernel_params)
+        launch.launch(self.function, config, stream, params.kernel_params)
 
 
 class DeviceRuntime:

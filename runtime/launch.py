@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import os
 from typing import Any
 
 from cuda.bindings import driver
@@ -11,66 +9,6 @@ from cuda.bindings import driver
 from .cuda import check
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
-ENV_NATIVE = "NVFP4_NATIVE_LAUNCH"  # "0": every launch through cuda-python's wrapper
-
-try:  # libcuda's own entry point (absent on a machine without the driver)
-    _LAUNCH_EX: Any = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-    _LAUNCH_EX.argtypes = [ctypes.c_void_p] * 4
-    _LAUNCH_EX.restype = ctypes.c_int
-except (OSError, AttributeError):
-    _LAUNCH_EX = None
-
-
-class _Attr(ctypes.Structure):  # CUlaunchAttribute: id, pad to 8, a 64-byte value union
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
-
-
-class _Config(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
-                ("shared_mem_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
-
-
-class NativeLaunch:
-    """A C copy of a launch config (make_config's) and cuLaunchKernelEx called on it through
-    ctypes: 1.3-1.7 us less host time per launch than cuda-python's wrapper on the H200
-    (experiments/host_breakdown.py, 2026-12-04), a seventh of a serving call. One per thread
-    (the stream is written into it per launch)."""
-
-    __slots__ = ("_address", "_attrs", "config")
-
-    def __init__(self, config: driver.CUlaunchConfig) -> None:
-        attrs = (_Attr * max(1, config.numAttrs))()
-        for i in range(config.numAttrs):
-            a = config.attrs[i]
-            attrs[i].id = int(a.id)
-            if a.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE:
-                attrs[i].value[0] = a.value.cooperative
-            elif a.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
-                d = a.value.clusterDim
-                attrs[i].value[0], attrs[i].value[1], attrs[i].value[2] = d.x, d.y, d.z
-            else:
-                raise ValueError(f"no native form for launch attribute {a.id!r}")
-        self._attrs = attrs
-        self.config = _Config((config.gridDimX, config.gridDimY, config.gridDimZ),
-                              (config.blockDimX, config.blockDimY, config.blockDimZ),
-                              config.sharedMemBytes, None, attrs, config.numAttrs)
-        self._address = ctypes.addressof(self.config)
-
-    def __call__(self, function: int, stream: int, kernel_params: int) -> None:
-        """Launch `function` (its address; its context current) on `stream`."""
-        self.config.stream = stream
-        r = _LAUNCH_EX(self._address, function, kernel_params, None)
-        if r:
-            check((driver.CUresult(r),), "cuLaunchKernelEx")
-
-
-def native(config: driver.CUlaunchConfig) -> NativeLaunch | None:
-    """config's NativeLaunch, or None where libcuda cannot be loaded or NVFP4_NATIVE_LAUNCH=0
-    (then launch() is the way)."""
-    if _LAUNCH_EX is None or os.environ.get(ENV_NATIVE) == "0":
-        return None
-    return NativeLaunch(config)
 
 
 def make_config(grid: int, block: tuple[int, int, int], dynamic_smem: int,

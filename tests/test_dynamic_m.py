@@ -505,7 +505,6 @@ def dev(monkeypatch: pytest.MonkeyPatch):
         drv.cuLaunchKernelEx(config, function, kernel_params, 0)
 
     monkeypatch.setattr(launch_mod, "launch", fake_launch)
-    monkeypatch.setattr(launch_mod, "native", lambda config: None)  # launches go to the fake
     monkeypatch.setattr(device_tables, "upload", FakeTable)
     monkeypatch.setattr(device_tables, "view", FakeTable.view)
     rt = object.__new__(device_mod.DeviceRuntime)

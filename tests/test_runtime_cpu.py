@@ -599,26 +599,6 @@ def test_launch_config_cooperative_attribute() -> None:
         driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE]
 
 
-def test_native_launch_copies_the_config_in_the_driver_layout() -> None:
-    import ctypes
-
-    from runtime.launch import NativeLaunch, make_config
-
-    both = NativeLaunch(make_config(132, (256, 1, 1), 4096, (2, 1, 1), cooperative=True))
-    raw = ctypes.string_at(ctypes.addressof(both.config), ctypes.sizeof(both.config))
-    # CUlaunchConfig: 7 uints, the stream at 32, the attribute pointer at 40, the count at 48
-    assert ctypes.sizeof(both.config) == 56
-    assert struct.unpack_from("<7I", raw) == (132, 1, 1, 256, 1, 1, 4096)
-    assert struct.unpack_from("<I", raw, 48) == (2,)
-    attrs = struct.unpack_from("<Q", raw, 40)[0]
-    # CUlaunchAttribute: 72 bytes (id, pad, 64-byte value): cluster (4) 2 x 1 x 1, cooperative (2)
-    first, second = ctypes.string_at(attrs, 72), ctypes.string_at(attrs + 72, 72)
-    assert struct.unpack_from("<i4x3I", first) == (4, 2, 1, 1)
-    assert struct.unpack_from("<i4xI", second) == (2, 1)
-    plain = NativeLaunch(make_config(132, (384, 1, 1), 1024, (1, 1, 1)))
-    assert plain.config.num_attrs == 0
-
-
 # ------------------------------------------------------------------ input validation
 
 
