@@ -5,7 +5,11 @@ one in tight loops on the H200, beside the whole call.
     PYTHONPATH=. python experiments/host_breakdown.py --artifacts artifacts
 
 Each line: mean us per iteration over N iterations (after a warm-up); launches in blocks of
-100 enqueued behind a spin kernel (the host's time, not the GPU's).
+100 enqueued behind a spin kernel (the host's time, not the GPU's). The machine's speed drifts
+by up to 2x between leases and within a process: compare pieces of one run, and A/B anything
+in interleaved blocks (runs 14-16 of the seventeenth session: cuLaunchKernelEx through ctypes
+looked 1.3 us cheaper measured after cuda-python's, and was 6.68 against 6.59 us interleaved;
+docs/lab_notebook.md).
 """
 
 from __future__ import annotations
