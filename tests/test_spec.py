@@ -268,10 +268,15 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # gpt-oss's K = 2880 (a multiple of 64, not 256): Hopper-only, like the masked sets below.
     gptoss = [sets.pop(n) for n in ("gptoss_gateup", "gptoss_down")]
     assert all(s.archs == ("sm_90a",) and s.groups[0][-1] == 2880 for s in gptoss)
-    # The tile_m 64 tier between decode and prefill sets: a Hopper tile size, bounded T.
-    mid = [sets.pop(n) for n in [n for n in sets if n.endswith("_mid")]]
-    assert len(mid) == 4 and all(s.archs == ("sm_90a",) and s.max_m for s in mid)
-    gptoss += mid  # one arch each, as gpt-oss
+    # The tile_m 64 tier between decode and prefill sets, and the decode tiers added for the
+    # other many-expert layers: Hopper tile sizes, bounded T.
+    tiers = [sets.pop(n) for n in [n for n, s in sets.items()
+                                   if not dict(s.builds[0].options).get("masked")
+                                   and (n.endswith("_mid") or (n.endswith("_decode")
+                                                               and s.archs == ("sm_90a",)))]]
+    assert len(tiers) == 20 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {32, 64}
+    gptoss += tiers  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
