@@ -274,7 +274,7 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
                                    if not dict(s.builds[0].options).get("masked")
                                    and (n.endswith("_mid") or (n.endswith("_decode")
                                                                and s.archs == ("sm_90a",)))]]
-    assert len(tiers) == 20 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert len(tiers) == 24 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
     assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {32, 64}
     gptoss += tiers  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
