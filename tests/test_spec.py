@@ -280,9 +280,9 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
-    # Two layers, each with a prefill set and a decode set (max_m 32 rows per expert).
-    assert len(masked) == 4 and all(s.archs == ("sm_90a",) for s in masked)
-    assert sorted(s.max_m for s in masked if s.max_m) == [32, 32]
+    # Two layers, each with a prefill, a mid (max_m 64) and a decode set (max_m 16).
+    assert len(masked) == 6 and all(s.archs == ("sm_90a",) for s in masked)
+    assert sorted(s.max_m for s in masked if s.max_m) == [16, 16, 64, 64]
     for s in sets.values():
         assert s.archs == ("sm_90a", "sm_100a")
         assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
