@@ -127,6 +127,23 @@ def test_serving_prefers_the_device_offsets_kernel() -> None:
     assert select_serving((tables,), "sm_90a", E, N, K, 64, "bfloat16") is tables
 
 
+def test_serving_takes_the_smallest_tier_covering_t() -> None:
+    """The decode / mid / prefill tiers of shapes.yaml: bounds 64 and 256 rows, then none;
+    the choice depends on T alone, whatever the order the manifest lists them in."""
+    def tier(name: str, bound: int | None):
+        e, _ = entry(f"{name}.sm_90a.acc1.bf16", set_=name, params=offsets_params(),
+                     out_dtype="bfloat16",
+                     constraints={"dynamic_m": {"groups": [[N, K]] * E, "max_m": bound}})
+        return e
+
+    prefill, mid, decode = tier("layer", None), tier("layer_mid", 256), tier("layer_decode", 64)
+    for kernels in ((prefill, mid, decode), (decode, prefill, mid)):
+        got = [select_serving(kernels, "sm_90a", E, N, K, t, "bfloat16").set
+               for t in (1, 64, 65, 256, 257, 10**6)]
+        assert got == ["layer_decode", "layer_decode", "layer_mid", "layer_mid", "layer",
+                       "layer"]
+
+
 # ------------------------------------------------------------------ launch facts and launch
 
 
