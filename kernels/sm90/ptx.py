@@ -52,7 +52,7 @@ def mul_f16x2_by_half(a: Any, b: Any, half: int, *, loc: Any = None, ip: Any = N
 @dsl_user_op
 def mad_lo_imm(a: Any, x: Any, imm: int, *, loc: Any = None, ip: Any = None) -> Uint32:
     """a * x + imm (low 32 bits), opaque to LLVM; ptxas keeps two of them with different
-    immediates apart (bench/first_code.py's straight-line code)."""
+    immediates apart (experiments/first_code.py's straight-line code)."""
     return _pure_i32(f"mad.lo.u32 $0, $1, $2, {int(imm)};", "=r,r,r", [a, x], loc, ip)
 
 
@@ -269,33 +269,8 @@ def nanosleep(ns: int, *, loc: Any = None, ip: Any = None) -> None:
 
 
 @dsl_user_op
-def st_global_v4_f32(addr: Any, x0: Any, x1: Any, x2: Any, x3: Any, *, loc: Any = None,
-                     ip: Any = None) -> None:
-    """16-byte global store of four fp32 values."""
-    from cutlass import Float32
-
-    _asm("st.global.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f",
-         [_i64(addr, loc, ip)] + [Float32(x).ir_value(loc=loc, ip=ip) for x in (x0, x1, x2, x3)],
-         loc, ip)
-
-
-@dsl_user_op
-def ld_global_cg_v4_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple:
-    """16-byte global load of four fp32 values, cached in L2 only (another CTA wrote them)."""
-    from cutlass import Float32
-
-    res = llvm.inline_asm(
-        llvm.StructType.get_literal([T.f32()] * 4), [_i64(addr, loc, ip)],
-        "ld.global.cg.v4.f32 {$0, $1, $2, $3}, [$4];", "=f,=f,=f,=f,l",
-        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc, ip=ip,
-    )
-    return tuple(Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
 def cp_async_cg_16(smem_addr: Any, gmem_addr: Any, *, loc: Any = None, ip: Any = None) -> None:
     """16-byte cp.async from global memory (through L2 only) to a 32-bit shared address
-    (bench/first_load.py: every load in flight, then one wait for all of them)."""
+    (experiments/first_load.py: every load in flight, then one wait for all of them)."""
     _asm("cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
          [_ir(smem_addr, loc, ip), _i64(gmem_addr, loc, ip)], loc, ip)
