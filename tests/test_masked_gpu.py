@@ -10,13 +10,12 @@ without a masked kernel for this GPU.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from test_runtime_gpu import ARTIFACTS, REPO, gg  # noqa: F401 - gg: the artifacts fixture
 
 import runtime
 from runtime.dispatch import dynamic_groups
@@ -24,8 +23,6 @@ from runtime.formats import blocked_scale_numel
 from runtime.nvfp4 import EXACT_DATA, reference_grouped_gemm, to_blocked
 from runtime.validate import OUT_TORCH_DTYPES
 
-REPO = Path(__file__).resolve().parents[1]
-ARTIFACTS = Path(os.environ.get("NVFP4_ARTIFACTS", REPO / "artifacts"))
 sys.path.insert(0, str(REPO / "scripts"))
 
 pytestmark = [
@@ -34,14 +31,7 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gg() -> runtime.GroupedGemm:
-    if not (ARTIFACTS / "manifest.json").is_file():
-        pytest.skip(f"no artifacts at {ARTIFACTS} (set NVFP4_ARTIFACTS)")
-    return runtime.load(ARTIFACTS)
-
-
-def test_masked_kernels_are_exact_eager_and_in_a_graph(gg: runtime.GroupedGemm) -> None:
+def test_masked_kernels_are_exact_eager_and_in_a_graph(gg: runtime.GroupedGemm) -> None:  # noqa: F811
     from serving_check import Weights, draw_nvfp4
 
     arch = gg.device_runtime(0).arch
