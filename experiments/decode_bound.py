@@ -36,7 +36,8 @@ from bench_models import (
 )
 
 import runtime
-from runtime.formats import blocked_scale_numel
+from runtime.formats import blocked_scale_numel, scale_cols
+from runtime.serving import sfa_rows_needed
 
 DEFAULT = ("qwen3_30b_down_decode", "qwen3_30b_gateup_decode", "dsv3_down_e32_decode",
            "dsv3_gateup_e32_decode")
@@ -88,7 +89,8 @@ def main() -> int:
             inp = make_inputs(layer, counts, 5) if sum(counts) else None
             rows_used = sum(counts)
             a = torch.zeros(t, k // 2, dtype=torch.uint8, device="cuda")
-            sfa = torch.zeros((t + 128 * e) * (-(-k // 64) * 4), dtype=torch.uint8, device="cuda")
+            sfa = torch.zeros(sfa_rows_needed(t, e) * scale_cols(k), dtype=torch.uint8,
+                              device="cuda")
             if inp is not None:
                 a[:rows_used] = inp["a"].view(torch.uint8)
                 sfa[:inp["sfa"].numel()] = inp["sfa"]

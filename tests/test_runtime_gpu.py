@@ -167,7 +167,8 @@ def launch_once(gg: runtime.GroupedGemm, e: KernelEntry, seed: int = 0) -> None:
     device-offsets kernel (for the no-cutlass subprocess)."""
     dtype = OUT_TORCH_DTYPES[e.out_dtype]
     if e.takes_masked:
-        (n, k), experts, max_m = dynamic_groups(e)[0][0], len(dynamic_groups(e)[0]), 16
+        nk, _ = dynamic_groups(e)
+        (n, k), experts, max_m = nk[0], len(nk), 16
         u8 = {"dtype": torch.uint8, "device": "cuda"}
         gg.masked_grouped_mm(torch.zeros(experts, max_m, k // 2, **u8),
                              torch.zeros(experts, n, k // 2, **u8),
