@@ -181,16 +181,27 @@ def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
             "span_cycles": span, "phases": summary}
 
 
+def set_groups(gg: runtime.GroupedGemm, name: str) -> list:
+    """The exact (m, n, k) groups the artifacts' set `name` serves (experiments/trace_ab.yaml's
+    decode sets, which bench_grouped does not know)."""
+    entry = next((k for k in gg.kernels if k.name.startswith(name + ".")), None)
+    if entry is None or entry.serves.dynamic_m:
+        raise SystemExit(f"--sets: {name!r} is neither a bench_grouped set nor an exact-shape "
+                         f"set of the artifacts")
+    return [list(g) for g in entry.serves.groups]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default=".trace")
-    ap.add_argument("--sets", nargs="+", required=True, choices=list(ALL_SETS), metavar="SET")
+    ap.add_argument("--sets", nargs="+", required=True, metavar="SET",
+                    help="bench_grouped sets, or any exact-shape set of the artifacts")
     ap.add_argument("--json", help="write the summaries here")
     args = ap.parse_args()
     gg = runtime.load(args.artifacts)
     results = []
     for name in args.sets:
-        res = trace_set(gg, name, ALL_SETS[name])
+        res = trace_set(gg, name, ALL_SETS.get(name) or set_groups(gg, name))
         results.append(res)
         print(f"\n{name}: {res['tiles']} tiles on {res['grid']} CTAs; call {res['call_us']:.1f} us "
               f"(eager), first CTA start to last stamp {res['span_cycles']} cycles")

@@ -52,9 +52,10 @@ for s in "${STEPS[@]}"; do
         --reps 50 --json "$LOG/masked.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
-    # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first).
-    decode_ab) step decode_ab 240 python experiments/decode_ab.py --artifacts .artifacts_ab \
-        --tokens 64 256 512 ;;
+    # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first, or
+    # AB_DIR from another A/B spec). AB_TOKENS: the token counts.
+    decode_ab) step decode_ab 400 python experiments/decode_ab.py --artifacts "${AB_DIR:-.artifacts_ab}" \
+        --tokens ${AB_TOKENS:-64 256 512} ;;
     # Device-offsets kernels bit-exact at E = 8..256 (both phase-1 paths: lanes up to 32 experts,
     # the ROW_ENDS search past), bad offs, graph replays with new routings.
     offsets) step offsets 200 python experiments/offsets_quick.py --artifacts artifacts \

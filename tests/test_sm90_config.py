@@ -154,7 +154,13 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A produc
     ({"tile_n": 192, **V2},
      "tile_n 192 needs a_fp16: true (only the staged-A kernel has more than two consumer "
      "warpgroups)"),
-    ({"tile_n": 256}, "tile_n must be one of [128, 192], but got 256"),
+    ({"tile_n": 320}, "tile_n must be one of [128, 192, 256], but got 320"),
+    ({"tile_n": 256},
+     "tile_n 256 needs tile_m at most 32 (four consumer warpgroups get 104 registers each, "
+     "room for a small accumulator only), but got tile_m 128"),
+    ({"tile_n": 256, "tile_m": 32, "stream_a": True},
+     "tile_n 256 needs stream_a: false (its stager warps need registers the four consumer "
+     "warpgroups take)"),
     ({"tile_n": 192, "a_slots": 9},
      f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 285696 bytes of shared memory, "
      f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n (its "
@@ -230,3 +236,19 @@ def test_register_split_fits_only_within_the_launch_allocation(warpgroups, produ
 
 def test_launch_registers_come_in_steps_of_8() -> None:
     assert [launch_registers(t) for t in (384, 512, 640)] == [168, 128, 96]
+
+
+def test_four_consumer_warpgroups_fit_the_register_file_and_shared_memory() -> None:
+    """tile_n 256 (the decode tiers): 640 threads launch with 96 registers each; the split
+    gives the consumers 104 without asking for more than the producer frees (a split that
+    did hung on the H200), and the 16- and 32-row tiles fit shared memory."""
+    from kernels.sm90.config import launch_registers, register_split_fits
+    from kernels.sm90.staged import REGISTER_SPLITS
+    assert launch_registers(640) == 96
+    assert REGISTER_SPLITS[4] == (56, 104) and register_split_fits(4, 56, 104)
+    assert not register_split_fits(4, 56, 112)
+    for tile_m, smem in ((16, 137216), (32, 161792)):
+        c = Config(tile_m=tile_m, tile_n=256)
+        assert check(c) == []
+        assert smem_bytes(c) == smem == (1024 + 3 * (256 * 128 + 2 * 2048) + 8 * tile_m * 128
+                                         + -(-c_tile_bytes(c) // 1024) * 1024)

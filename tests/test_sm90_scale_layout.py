@@ -30,7 +30,7 @@ def tma_stage(row0: int, kt: int, blocks: int, scale_k: int, num_blocks: int) ->
     return out
 
 
-@pytest.mark.parametrize("tile_n", [128, 192])
+@pytest.mark.parametrize("tile_n", [128, 192, 256])
 def test_every_row_reads_its_own_scales(tile_n: int) -> None:
     n, k = 1000, 512  # 8 blocks of 128 rows (padded), 2 K tiles
     scale_k, num_blocks = k // 64, -(-n // 128)

@@ -268,14 +268,17 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # gpt-oss's K = 2880 (a multiple of 64, not 256): Hopper-only, like the masked sets below.
     gptoss = [sets.pop(n) for n in ("gptoss_gateup", "gptoss_down")]
     assert all(s.archs == ("sm_90a",) and s.groups[0][-1] == 2880 for s in gptoss)
-    # The tile_m 64 tier between decode and prefill sets, and the decode tiers added for the
-    # other many-expert layers: Hopper tile sizes, bounded T.
+    # The tile_m 64 tier between decode and prefill sets, the decode tiers added for the
+    # other many-expert layers and the tile_m 16 tier at E >= 128: Hopper tile sizes, bounded T.
     tiers = [sets.pop(n) for n in [n for n, s in sets.items()
                                    if not dict(s.builds[0].options).get("masked")
-                                   and (n.endswith("_mid") or (n.endswith("_decode")
-                                                               and s.archs == ("sm_90a",)))]]
-    assert len(tiers) == 24 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
-    assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {32, 64}
+                                   and (n.endswith(("_mid", "_tiny"))
+                                        or (n.endswith("_decode") and s.archs == ("sm_90a",)))]]
+    assert len(tiers) == 32 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 64}
+    # The tiny tier: at most 4 rows per expert on average, at E >= 128 only.
+    tiny = [s for s in tiers if s.name.endswith("_tiny")]
+    assert len(tiny) == 8 and all(s.max_m == 4 * len(s.groups) >= 512 for s in tiny)
     gptoss += tiers  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()

@@ -166,7 +166,16 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
     from builder.spec import load_spec
 
     spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", load_families("kernels.families"))
-    assert [s.name for s in spec.sets] == ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
+    bench = ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
+    # The decode sets (eighteenth session): bench_models' 64 tokens x 8 routing, experts with
+    # tokens only, traced with the decode tiles; trace_run reads their groups from the manifest.
+    decode = ["qwen_down_decode", "qwen_gateup_decode", "dsv3_gateup_e32_decode"]
+    assert [s.name for s in spec.sets] == bench + decode
     for s in spec.sets:
-        assert list(s.groups) == trace_run.ALL_SETS[s.name]
+        if s.name in bench:
+            assert list(s.groups) == trace_run.ALL_SETS[s.name]
+        else:
+            assert s.name not in trace_run.ALL_SETS and sum(g[0] for g in s.groups) == 512
+            assert all(g[0] > 0 for g in s.groups)
+            assert {b.options_dict()["tile_m"] for b in s.builds} == {32}
         assert all(b.options_dict()["trace"] is True for b in s.builds)

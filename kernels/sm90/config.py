@@ -38,7 +38,11 @@ TILE_MS_SMALL = (16, 32)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
 # warpgroups, a_fp16 only) runs 1.5x the converting warps at once, each still converting 64 rows
 # for its own m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
-TILE_NS = (128, 192)
+# 256 (four consumer warpgroups, decode tiles only: their small accumulator fits the 104
+# registers a 640-thread CTA can give them) puts four converting warps on each scheduler to
+# hide the conversion chain's latency; it also tiles N = 2048, 4096, 7168 and 1536 exactly.
+TILE_NS = (128, 192, 256)
+TILE_N_WIDE_MAX_M = 32
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,13 @@ def check(config: Config) -> list[str]:
                        "has more than two consumer warpgroups)")
     if not isinstance(config.w_prefetch, bool):
         reasons.append(f"w_prefetch must be true or false, but got {config.w_prefetch!r}")
+    if config.tile_n == 256 and config.tile_m > TILE_N_WIDE_MAX_M:
+        reasons.append(f"tile_n 256 needs tile_m at most {TILE_N_WIDE_MAX_M} (four consumer "
+                       f"warpgroups get 104 registers each, room for a small accumulator "
+                       f"only), but got tile_m {config.tile_m}")
+    if config.tile_n == 256 and config.stream_a is True:
+        reasons.append("tile_n 256 needs stream_a: false (its stager warps need registers the "
+                       "four consumer warpgroups take)")
     if config.w_prefetch is True and config.a_fp16 is False:
         reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
     for name, why in _STAGED_ONLY:

@@ -48,7 +48,9 @@ from .structure import PACKED_ROW_BYTES, WARPGROUP
 # Three consumer warpgroups (512 threads, 128 each at launch): 128 * 56 + 384 * 152 = 65536.
 # Two at tile_m 256 (a 128-register accumulator; 384 threads, 168 each at launch):
 # 128 * 56 + 256 * 224 = 64512.
-REGISTER_SPLITS = {3: (56, 152), 2: (56, 224)}
+# Four consumer warpgroups (tile_n 256, tile_m <= 32; 640 threads, 96 each at launch):
+# 128 * 56 + 512 * 104 = 60416.
+REGISTER_SPLITS = {4: (56, 104), 3: (56, 152), 2: (56, 224)}
 # With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
 STREAM_A_SPLIT = (64, 144)
@@ -179,7 +181,7 @@ class StagedA:
         """(producer, consumer) registers per thread after setmaxnreg (REGISTER_SPLITS), or None
         to keep the launch's even split: two consumer warpgroups need more only at tile_m 256."""
         warpgroups = self.consumer_threads // WARPGROUP
-        if warpgroups == 3 or (warpgroups == 2 and self.tile_m == 256):
+        if warpgroups >= 3 or (warpgroups == 2 and self.tile_m == 256):
             if warpgroups == 3 and self.config.stream_a:
                 return STREAM_A_SPLIT
             return REGISTER_SPLITS[warpgroups]
