@@ -3,6 +3,7 @@ gg.scaled_grouped_mm, side by side with what a user would run instead, in one pr
 
     PYTHONPATH=. python bench/bench_models.py --artifacts artifacts [--tokens 64 2048 ...]
         [--topk 8] [--only SET ...] [--all-layers] [--out-dtype bf16] [--reps 100] [--json F]
+        [--compare DIR] [--list-api DIR]
 
 Cases: each expert-layer set entry (dynamic m, E identical (n, k) groups) for this GPU and
 output type, by default the model layers shapes.yaml declares with `experts:` (--all-layers:
@@ -12,6 +13,12 @@ kernel serves (rows <= max_m, rows * N < 2^31). Timed in one process on the same
   ours    gg.scaled_grouped_mm, offsets on the device, in a CUDA graph
   before  with --compare DIR: DIR's scaled_grouped_mm on the same inputs, replays interleaved
           with ours (bit-equality with ours checked)
+  list    with --list-api DIR: the list API (gg.grouped_gemm, host tables) on DIR's set
+          `<layer set>_list` (experiments/list_api.yaml: the default-options dynamic-m
+          kernel, issue 26's "today's list-API kernel"), one group per expert (m = 0 ones
+          too), on views of the same tensors, in a CUDA graph, its replays interleaved with
+          ours; bit-equality with ours checked; x = list / ours; JSON list_us, list_same,
+          list_kernel, or list_skip (why: no such set, or an expert past its max_m)
   own     when scaled_grouped_mm chose another set's kernel (a decode set's), the set's own
           kernel launched directly on the same inputs (bit-equality with ours checked)
   grp_mm  torch._grouped_mm bf16, device offsets, on pre-dequantized bf16 copies
@@ -52,8 +59,8 @@ from serving_check import Weights as DrawnWeights
 from serving_check import draw_nvfp4, padded_blocked_scales
 
 import runtime
-from runtime.dispatch import dynamic_groups
-from runtime.errors import NoKernelError
+from runtime.dispatch import KernelIndex, dynamic_groups
+from runtime.errors import InputError, NoKernelError
 from runtime.formats import MN_LIMIT, blocked_scale_numel, scale_cols
 from runtime.nvfp4 import EXACT_DATA, check_close, dequantize_nvfp4, from_blocked
 from runtime.nvfp4 import reference_grouped_gemm as reference
@@ -174,6 +181,46 @@ def input_sets(weight_bytes: int, act_bytes: int) -> int:
     return min(16, max(4, weight_sets(weight_bytes), math.ceil(3 * L2_BYTES / max(1, act_bytes))))
 
 
+def expert_spans(counts: list[int], k: int) -> list[tuple[int, int, int, int]]:
+    """Per expert of the serving layout, (first row, end row) of a and out and (first byte,
+    end byte) of sfa: rows in expert order, each expert's blocked scales starting at row
+    sum_{i<g} round_up(m_i, 128) (runtime/serving.py), so a slice is that expert's own blocked
+    scales, the list API's sfa for the group (blocked_scale_numel(m, k) bytes, empty at m = 0)."""
+    cols, rows, srow, out = scale_cols(k), 0, 0, []
+    for m in counts:
+        out.append((rows, rows + m, srow * cols, (srow + -(-m // 128) * 128) * cols))
+        rows, srow = rows + m, srow + -(-m // 128) * 128
+    return out
+
+
+def list_set(layer: Layer) -> str:
+    """The list-API set of a layer in experiments/list_api.yaml."""
+    return f"{layer.set}_list"
+
+
+def list_entry(index: KernelIndex, layer: Layer, counts: list[int], arch: str,
+               out_dtype: str) -> tuple[Any, str]:
+    """(the entry, "") when grouped_gemm on `index`'s artifacts runs the layer's list set for
+    one group of m = counts[g] per expert (m = 0 included: dynamic-m kernels take it), else
+    (None, why not)."""
+    name, nk = list_set(layer), ((layer.n, layer.k),) * layer.experts
+    own = [e for e in index.kernels if e.set == name and e.arch == arch
+           and e.out_dtype == out_dtype]
+    if not own:
+        return None, f"no set {name} for {arch} {out_dtype}"
+    dyn = dynamic_groups(own[0])
+    if dyn is None or dyn[0] != nk or own[0].takes_offsets:
+        return None, f"{name} is not a list-API dynamic-m set of {layer.experts} x (n, k) = " \
+                     f"({layer.n}, {layer.k})"
+    try:
+        entry = index.select(tuple((m, layer.n, layer.k) for m in counts), arch, "", out_dtype)
+    except (NoKernelError, InputError):  # an expert's rows past max_m
+        return None, f"{name} serves m <= {dyn[1]} per expert, the busiest has {max(counts)}"
+    if entry.set != name:  # another set of the same (n, k) list comes first in the manifest
+        return None, f"grouped_gemm would run {entry.name}, not {name}"
+    return entry, ""
+
+
 def verdict(exact: bool, close: bool) -> str:
     return "exact" if exact else "close" if close else "MISMATCH"
 
@@ -227,16 +274,14 @@ def reference_ok(out: torch.Tensor, w: Weights, inp: dict, counts: list[int],
                  layer: Layer) -> tuple[bool, int]:
     """out's rows of the first and the busiest expert against the float64 reference rounded
     to out's type: (all equal, experts checked)."""
-    cols, starts = scale_cols(layer.k), [0, *itertools.accumulate(counts)]
-    srows = [0, *itertools.accumulate(-(-m // 128) * 128 for m in counts)]
+    spans = expert_spans(counts, layer.k)
     hit = [g for g, m in enumerate(counts) if m]
     picked = sorted({hit[0], max(hit, key=lambda g: counts[g])}) if hit else []
     for g in picked:
-        s, m = starts[g], counts[g]
-        ref = reference([inp["a"][s:s + m]], [w.b[g]],
-                        [inp["sfa"][srows[g] * cols:srows[g + 1] * cols]], [w.sfb[g]],
-                        [(m, layer.n, layer.k)], out_dtype=out.dtype)
-        if not torch.equal(out[s:s + m], ref[0]):
+        s, e, p, q = spans[g]
+        ref = reference([inp["a"][s:e]], [w.b[g]], [inp["sfa"][p:q]], [w.sfb[g]],
+                        [(e - s, layer.n, layer.k)], out_dtype=out.dtype)
+        if not torch.equal(out[s:e], ref[0]):
             return False, len(picked)
     return True, len(picked)
 
@@ -251,7 +296,8 @@ def same_and_close(x: torch.Tensor, y: torch.Tensor, chunk: int = 8192) -> tuple
 
 
 def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float, float],
-               out_name: str, reps: int, seed: int, before: Any = None) -> dict:
+               out_name: str, reps: int, seed: int, before: Any = None,
+               listed: Any = None) -> dict:
     layer, (tflops, gbs), dtype = case.layer, ceilings, OUT_TORCH_DTYPES[out_name]
     arch = gg.device_runtime().arch
     rows, n, k = case.rows, layer.n, layer.k
@@ -267,9 +313,8 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
         "fp4_floor_us": fp4_bytes(counts, n, k, dtype.itemsize) / (gbs * 1e3),
         "mma_floor_us": mma_flops(counts, n, k) / (tflops * 1e6),
         "kernel": select_serving(gg.kernels, arch, layer.experts, n, k, rows, out_name).name}
-    outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
-    graphs = [capture(lambda i=i, w=w, o=o: gg.scaled_grouped_mm(
-        i["a"], w.b, i["sfa"], w.sfb, offs, out=o)) for i, w, o in zip(inputs, w_of, outs)]
+    graphs, outs = capture_each(lambda i, w, o: gg.scaled_grouped_mm(
+        i["a"], w.b, i["sfa"], w.sfb, offs, out=o), inputs, w_of, rows, n, dtype)
     before_kernel = None
     if before is not None:
         try:
@@ -277,20 +322,26 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
                                            out_name).name
         except NoKernelError:  # a layer the other artifacts do not declare: no before_us
             before = None
-    if before is None:
-        row["ours_us"] = time_graphs(graphs, reps)
-    else:
-        # --compare: the other artifacts' scaled_grouped_mm on the same inputs, its replays
-        # interleaved with ours (one process, one clock state), its output equal to ours.
-        b_outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
-        b_graphs = [capture(lambda i=i, w=w, o=o: before.scaled_grouped_mm(
-            i["a"], w.b, i["sfa"], w.sfb, offs, out=o)) for i, w, o in zip(inputs, w_of, b_outs)]
-        row["ours_us"], row["before_us"] = time_interleaved([graphs, b_graphs], reps)
-        b_graphs[-1].replay()
+    # Variants timed together, replays interleaved (one process, one clock state): JSON key
+    # -> (graphs, the outputs they write); each output is checked against ours after timing.
+    variants: dict[str, tuple[list, list]] = {"ours_us": (graphs, outs)}
+    if before is not None:
+        # --compare: the other artifacts' scaled_grouped_mm on the same inputs.
+        variants["before_us"] = capture_each(lambda i, w, o: before.scaled_grouped_mm(
+            i["a"], w.b, i["sfa"], w.sfb, offs, out=o), inputs, w_of, rows, n, dtype)
         row["before_kernel"] = before_kernel
-        graphs[-1].replay()
-        row["before_same"] = bool(torch.equal(b_outs[-1][:rows], outs[-1][:rows]))
-        del b_graphs, b_outs
+    if listed is not None:
+        # --list-api: the list API's kernel for the layer on the same inputs.
+        entry, why = list_entry(listed.index, layer, counts, arch, out_name)
+        if entry is None:
+            row["list_skip"] = why
+        else:
+            variants["list_us"] = capture_each(list_call(listed, expert_spans(counts, k)),
+                                               inputs, w_of, rows, n, dtype)
+            row["list_kernel"] = entry.name
+    row.update(zip(variants, time_interleaved([g for g, _ in variants.values()], reps)))
+    for key in [*variants][1:]:  # popped: their graphs and outputs freed before the baselines
+        row[key.replace("_us", "_same")] = same_as_last(*variants.pop(key), graphs[-1], outs[-1])
     graphs[-1].replay()  # the last set's output, for the checks
     ours = outs[-1]
     del graphs
@@ -336,6 +387,38 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
     return row
 
 
+def capture_each(call: Any, inputs: list[dict], w_of: list, rows: int, n: int,
+                 dtype: torch.dtype) -> tuple[list, list]:
+    """One graph per input set of call(inputs, weights, out) and the (rows, N) outputs they
+    write."""
+    outs = [torch.empty(rows, n, dtype=dtype, device="cuda") for _ in inputs]
+    return [capture(lambda i=i, w=w, o=o: call(i, w, o))
+            for i, w, o in zip(inputs, w_of, outs)], outs
+
+
+def same_as_last(v_graphs: list, v_outs: list, graph: torch.cuda.CUDAGraph,
+                 out: torch.Tensor) -> bool:
+    """Whether a variant's last input set's output equals `out`, written by `graph` (the
+    kernels are exact: a correct variant's is bit-identical)."""
+    v_graphs[-1].replay()
+    graph.replay()
+    return bool(torch.equal(v_outs[-1], out))
+
+
+def list_call(listed: Any, spans: list[tuple[int, int, int, int]]) -> Any:
+    """call(inputs, weights, out) running the list API (`listed.grouped_gemm`) with one group
+    per expert on views of the stacked tensors: a's and out's expert rows, b[g], sfb[g] and
+    expert g's blocked sfa rows (expert_spans), all contiguous and 16-byte aligned (rows of
+    K/2 and 2N bytes, scale slices at 128-row boundaries); m = 0 experts as empty groups. The
+    views are made when the graph is captured (grouped_gemm plans its host tables then, once);
+    a replay runs the kernel alone, as ours does."""
+    def call(i: dict, w: Weights, o: torch.Tensor) -> None:
+        listed.grouped_gemm([i["a"][s:e] for s, e, _, _ in spans], list(w.b),
+                            [i["sfa"][p:q] for _, _, p, q in spans], list(w.sfb),
+                            out=[o[s:e] for s, e, _, _ in spans])
+    return call
+
+
 def time_grouped_mm(inputs: list[dict], w_of: list, offs: torch.Tensor,
                     reps: int) -> tuple[float, torch.Tensor]:
     """torch._grouped_mm bf16 on each input set's rows (`"bf16"`, grouped by expert as offs
@@ -378,8 +461,10 @@ def fmt(x: float, digits: int = 1) -> str:
 
 def table(rows: list[dict]) -> str:
     compare = any("before_us" in r for r in rows)
+    listed = any("list_us" in r or "list_skip" in r for r in rows)
     head = ("| layer | E | N | K | tokens x k | rows | experts hit | ours us | "
-            + ("before us | " if compare else "") + "own kernel us | "
+            + ("before us | " if compare else "") + ("list us | x | " if listed else "")
+            + "own kernel us | "
             "grp_mm us | x | cuBLAS us | x | fp8 us | x | fp4 floor us | % | MMA floor us | % "
             "| check |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
@@ -391,6 +476,10 @@ def table(rows: list[dict]) -> str:
         if compare:
             cells.append(fmt(r.get("before_us", float("nan")))
                          + ("" if r.get("before_same", True) else " (DIFFERS)"))
+        if listed:  # x = list / ours, as the baselines' (> 1: ours faster)
+            lu = r.get("list_us", float("nan"))
+            cells += [fmt(lu) + ("" if r.get("list_same", True) else " (DIFFERS)"),
+                      fmt(lu / o, 2)]
         cells += [fmt(r.get("own_us", float("nan")))
                  + ("" if r.get("own_same", True) else " (DIFFERS)")]
         for key in ("grouped_mm_us", "cublas_us", "fp8_us"):  # time, x = theirs / ours
@@ -398,6 +487,20 @@ def table(rows: list[dict]) -> str:
         for key in ("fp4_floor_us", "mma_floor_us"):  # floor, % = floor / ours
             cells += [fmt(r[key]), fmt(100 * r[key] / o, 0)]
         lines.append("| " + " | ".join(map(str, [*cells, r["check"]])) + " |")
+    return "\n".join(lines)
+
+
+def list_summary(rows: list[dict]) -> str:
+    """Issue 26's claim on the cases with a list-API time: on how many ours is not slower,
+    and each one where it is slower or its output differs."""
+    timed = [r for r in rows if "list_us" in r]
+    bad = [r for r in timed if r["ours_us"] > r["list_us"] or not r.get("list_same", True)]
+    lines = [f"ours vs the list API: not slower on "
+             f"{sum(r['ours_us'] <= r['list_us'] for r in timed)} of {len(timed)} cases "
+             f"({sum('list_skip' in r for r in rows)} skipped)"]
+    lines += [f"  {r['set']} T={r['tokens']}: ours {fmt(r['ours_us'])} us, list "
+              f"{fmt(r['list_us'])}" + ("" if r.get("list_same", True) else ", outputs DIFFER")
+              for r in bad]
     return "\n".join(lines)
 
 
@@ -416,11 +519,16 @@ def main() -> int:
     ap.add_argument("--compare", metavar="DIR",
                     help="also time these artifacts' scaled_grouped_mm on every case, its "
                          "replays interleaved with ours (a before/after A/B in one run)")
+    ap.add_argument("--list-api", metavar="DIR",
+                    help="also time the list API (grouped_gemm, one group per expert) on each "
+                         "layer's set <set>_list of these artifacts (experiments/list_api.yaml),"
+                         " its replays interleaved with ours")
     args = ap.parse_args()
     if args.topk < 1 or any(t < 1 for t in args.tokens):
         ap.error("--topk and --tokens must be positive")
     gg = runtime.load(args.artifacts)
     before = runtime.load(args.compare) if args.compare else None
+    listed = runtime.load(args.list_api) if args.list_api else None
     arch = gg.device_runtime().arch
     names = args.only or (None if args.all_layers else model_sets())
     layers = expert_layers(gg.kernels, arch, OUT[args.out_dtype], names)
@@ -440,10 +548,15 @@ def main() -> int:
             torch.cuda.empty_cache()
             try:
                 r = bench_case(gg, case, wsets, ceilings, OUT[args.out_dtype], args.reps,
-                               args.seed, before)
+                               args.seed, before, listed)
+                lst = ""
+                if "list_us" in r:
+                    lst = f", list {fmt(r['list_us'])}" + ("" if r["list_same"] else " DIFF")
+                elif "list_skip" in r:
+                    lst = f", list skipped: {r['list_skip']}"
                 print(f"  {layer.set} T={case.tokens}: ours {r['ours_us']:.1f} us, grouped_mm "
                       f"{r['grouped_mm_us']:.1f}, cuBLAS {r['cublas_us']:.1f}, fp8 "
-                      f"{fmt(r['fp8_us'])} ({r['check']})", flush=True)
+                      f"{fmt(r['fp8_us'])}{lst} ({r['check']})", flush=True)
             except Exception as exc:
                 print(f"  {layer.entry} T={case.tokens}: FAILED {type(exc).__name__}: {exc}")
                 r = {**asdict(layer), "tokens": case.tokens, "error": str(exc)[:300]}
@@ -454,6 +567,8 @@ def main() -> int:
     print(f"\n{torch.cuda.get_device_name()}, {arch}, {args.out_dtype} out, top-{args.topk}, "
           f"reps {args.reps}\n")
     print(table(done))
+    if listed is not None:
+        print(list_summary(done))
     for r in rows:
         if "error" in r:
             print(f"FAILED {r['entry']} T={r['tokens']}: {r['error']}")

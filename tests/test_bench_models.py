@@ -10,19 +10,30 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "scripts"))
 import bench_models as bm
+from serving_check import padded_blocked_scales
 
+from builder.families import load_families
+from builder.spec import load_spec
+from runtime.dispatch import KernelIndex
+from runtime.formats import blocked_scale_numel
 from runtime.manifest import Serves
+from runtime.nvfp4 import to_blocked
+from runtime.serving import sfa_rows_needed
+from runtime.validate import check_structure
 
 L2 = 50 * 2**20
 
 
 def entry(name: str, groups, arch="sm_90a", dtype="bfloat16", dynamic=True, max_m=None,
-          masked=False):
+          masked=False, offsets=False):
     return SimpleNamespace(name=f"{name}.{arch}.{dtype}", set=name, arch=arch, out_dtype=dtype,
-                           takes_masked=masked,
+                           takes_masked=masked, takes_offsets=offsets,
                            serves=Serves(groups=tuple(tuple(g) for g in groups),
                                          dynamic_m=dynamic, max_m=max_m))
 
@@ -123,11 +134,122 @@ def test_verdict_and_table() -> None:
                            "30.0 (DIFFERS) | 25.0 |")
 
 
+def test_expert_spans_are_each_experts_rows_and_blocked_scales() -> None:
+    # k = 512: 32 scale bytes per blocked row; experts padded to 128 scale rows, m = 0 empty.
+    assert bm.expert_spans([3, 0, 130], 512) == [(0, 3, 0, 4096), (3, 3, 4096, 4096),
+                                                 (3, 133, 4096, 12288)]
+    counts = bm.route(300, 16, 4, seed=5)
+    spans = bm.expert_spans(counts, 2880)
+    assert spans[-1][1] == sum(counts)
+    assert spans[-1][3] <= sfa_rows_needed(sum(counts), 16) * 180  # inside the serving sfa
+    for (s, e, p, q), m in zip(spans, counts):
+        assert e - s == m and q - p == blocked_scale_numel(m, 2880)
+
+
+def test_list_call_passes_views_the_list_api_accepts() -> None:
+    """The list call's per-expert tensors on the CPU: what grouped_gemm's structure checks
+    accept (m = 0 groups included), views of the stacked tensors at 16-byte aligned offsets,
+    and expert g's sfa slice equal to its own rows' blocked scales (the serving layout is
+    each expert's blocked scales in turn)."""
+    e_, n, k, counts = 4, 64, 512, [130, 0, 5, 1]
+    rows, cols = sum(counts), 32
+    gen = torch.Generator().manual_seed(0)
+    plain = torch.randint(0, 256, (rows, k // 16), dtype=torch.uint8, generator=gen)
+    sfa = torch.zeros(sfa_rows_needed(rows, e_) * cols, dtype=torch.uint8)
+    blocked = padded_blocked_scales(plain, counts)
+    sfa[:blocked.numel()] = blocked
+    inp = {"a": torch.zeros(rows, k // 2, dtype=torch.uint8), "sfa": sfa}
+    w = SimpleNamespace(b=torch.zeros(e_, n, k // 2, dtype=torch.uint8),
+                        sfb=torch.zeros(e_, blocked_scale_numel(n, k), dtype=torch.uint8))
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    seen = {}
+
+    def grouped_gemm(a, b, sa, sb, out):
+        seen.update(a=a, b=b, sfa=sa, sfb=sb, out=out)
+
+    bm.list_call(SimpleNamespace(grouped_gemm=grouped_gemm), bm.expert_spans(counts, k))(
+        inp, w, out)
+    assert check_structure(seen["a"], seen["b"], seen["sfa"], seen["sfb"], seen["out"]) == \
+        tuple((m, n, k) for m in counts)
+    starts = [0, 130, 130, 135]
+    for g, m in enumerate(counts):
+        for name, base in (("a", inp["a"]), ("sfa", sfa), ("b", w.b), ("sfb", w.sfb),
+                           ("out", out)):
+            view = seen[name][g]
+            assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+            if view.numel():  # an empty view's data_ptr is 0 (nothing is read or written)
+                assert (view.data_ptr() - base.data_ptr()) % 16 == 0, (name, g)
+        if m:
+            assert seen["a"][g].data_ptr() == inp["a"][starts[g]].data_ptr()
+            assert seen["out"][g].data_ptr() == out[starts[g]].data_ptr()
+            assert torch.equal(seen["sfa"][g], to_blocked(plain[starts[g]:starts[g] + m]))
+
+
+def test_list_entry_is_the_layers_list_set_when_it_serves_the_call() -> None:
+    layer = bm.Layer("q.sm_90a.bfloat16", "q", 4, 256, 512, None)
+    nk = [(256, 512)] * 4
+    index = KernelIndex([entry("q", nk, offsets=True),  # ours: not a list kernel
+                         entry("q_list", nk, max_m=100),
+                         entry("q_list", nk, dtype="float16", max_m=100),
+                         entry("r_list", [(256, 512)] * 3)])
+    got, why = bm.list_entry(index, layer, [100, 0, 7, 1], "sm_90a", "bfloat16")
+    assert got.name == "q_list.sm_90a.bfloat16" and why == ""
+    assert bm.list_entry(index, layer, [101, 0, 7, 1], "sm_90a", "bfloat16") == \
+        (None, "q_list serves m <= 100 per expert, the busiest has 101")
+    assert bm.list_entry(index, layer, [1] * 4, "sm_100a", "bfloat16") == \
+        (None, "no set q_list for sm_100a bfloat16")
+    other = bm.Layer("r.sm_90a.bfloat16", "r", 4, 256, 512, None)  # r_list has 3 groups
+    assert bm.list_entry(index, other, [1] * 4, "sm_90a", "bfloat16")[1] == \
+        "r_list is not a list-API dynamic-m set of 4 x (n, k) = (256, 512)"
+    first = KernelIndex([entry("p_list", nk), entry("q_list", nk)])  # p_list is selected
+    assert bm.list_entry(first, layer, [1] * 4, "sm_90a", "bfloat16") == \
+        (None, "grouped_gemm would run p_list.sm_90a.bfloat16, not q_list")
+
+
+def test_list_api_spec_has_each_model_layer_as_a_default_options_list_set() -> None:
+    fams = load_families("kernels.families")
+    layers = {s.name: s for s in load_spec(ROOT / "shapes.yaml", fams).sets}
+    spec = load_spec(ROOT / "experiments" / "list_api.yaml", fams)
+    names = [s.name for s in spec.sets]
+    # The layers: expert sets of no max_m (the tiers have one) in the offsets layout.
+    base = [n for n in bm.model_sets() if layers[n].max_m is None
+            and not any(dict(b.options).get("masked") for b in layers[n].builds)]
+    assert names == [bm.list_set(bm.Layer("", n, 0, 0, 0, None)) for n in base]
+    assert {"dsv3_gateup_e32_list", "dsv3_down_e32_list", "qwen3_30b_gateup_list",
+            "qwen3_30b_down_list"} <= set(names)
+    for s in spec.sets:
+        layer = layers[s.name.removesuffix("_list")]
+        assert s.dynamic_m and s.groups == layer.groups and s.max_m == 4096
+        assert [(b.arch, b.options) for b in s.builds] == [("sm_90a", ())]  # no options
+        assert s.out_dtypes == ("bfloat16",)
+
+
+def test_list_columns_and_summary() -> None:
+    row = {"set": "s", "experts": 8, "n": 256, "k": 512, "tokens": 64, "topk": 8, "rows": 512,
+           "experts_hit": 7, "ours_us": 10.0, "grouped_mm_us": 25.0, "cublas_us": 20.0,
+           "fp8_us": float("nan"), "fp4_floor_us": 5.0, "mma_floor_us": 2.5, "check": "exact",
+           "kernel": "s.sm_90a.acc1.bf16"}
+    rows = [{**row, "list_us": 15.0, "list_same": True},
+            {**row, "tokens": 128, "list_us": 8.0, "list_same": False},
+            {**row, "tokens": 256, "list_skip": "no set s_list"}]
+    head, rule, *lines = bm.table(rows).splitlines()
+    assert head.startswith("| layer | E | N | K | tokens x k | rows | experts hit | ours us | "
+                           "list us | x | own kernel us |")
+    assert all(head.count("|") == x.count("|") for x in (rule, *lines))
+    assert "| 10.0 | 15.0 | 1.50 | n/a |" in lines[0]
+    assert "| 10.0 | 8.0 (DIFFERS) | 0.80 | n/a |" in lines[1]
+    assert "| 10.0 | n/a | n/a | n/a |" in lines[2]
+    assert "list us" not in bm.table([row]).splitlines()[0]
+    assert bm.list_summary(rows).splitlines() == [
+        "ours vs the list API: not slower on 1 of 2 cases (1 skipped)",
+        "  s T=128: ours 10.0 us, list 8.0, outputs DIFFER"]
+
+
 def test_help_runs_without_a_gpu() -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_models.py"), "--help"],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "--tokens" in proc.stdout and "--topk" in proc.stdout
+    assert "--tokens" in proc.stdout and "--topk" in proc.stdout and "--list-api" in proc.stdout
 
 
 def test_masked_bench_counts_and_table() -> None:
