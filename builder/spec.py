@@ -321,6 +321,11 @@ class _Checker:
             arch = self.arch(arch, f"{path}.{arch}")
             family = self.families.family_for(arch)
             names = tuple(family.option_names())
+            removed = getattr(family.config, "REMOVED_OPTIONS", {})
+            for name in opts if isinstance(opts, dict) else ():
+                if name in removed:
+                    raise self.fail(f"{path}.{arch}.{name}",
+                                    f"{name} was removed {removed[name]}; delete it")
             opts = self.mapping(opts, f"{path}.{arch}", f"options of {arch}", allowed=names)
             defaults = {f.name: f.default for f in dataclasses.fields(family.config.Config)}
             for name, v in opts.items():

@@ -309,10 +309,6 @@ class _Bare(_NoGuard):
                     warp_idx) -> None:
         pass
 
-    @cute.jit
-    def _kernel_v2(self, atoms, storage, tables_, workspace, tidx, warp_idx) -> None:
-        pass
-
 
 # ---------------------------------------------------------------- stream_a builds
 class _SaNoWait:

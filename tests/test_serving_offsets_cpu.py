@@ -66,13 +66,14 @@ def test_expert_sets_build_device_offsets_kernels_and_only_they_may() -> None:
         in str(info.value)
 
 
-def test_device_offsets_needs_the_barrier_v3_kernel() -> None:
+def test_device_offsets_needs_the_barrier_kernel() -> None:
     from kernels.sm90.config import Config, check
 
     assert check(Config(device_offsets=True)) == []
     (reason,) = check(Config(device_offsets=True, stream_a=True))
-    assert reason.startswith("device_offsets needs a_fp16: true, stream_a: false and trace: "
-                             "false")
+    assert reason == ("device_offsets needs stream_a: false and trace: false (the "
+                      "device-offsets prologue is built on the kernel with the grid barrier), "
+                      "but got stream_a True, trace False")
     assert check(Config(device_offsets=1)) == ["device_offsets must be true or false, but "
                                                 "got 1"]
 
@@ -331,7 +332,7 @@ def test_long_lived_buffers_are_allocated_off_the_calling_thread(dev, monkeypatc
     assert len(threads) == 1
 
 
-def test_k_multiple_is_64_on_the_staged_kernel_and_256_elsewhere() -> None:
+def test_k_multiple_is_64_and_256_with_stream_a() -> None:
     from kernels.sm90.config import Config, check_groups, k_multiple
 
     assert k_multiple(Config()) == 64
@@ -343,8 +344,3 @@ def test_k_multiple_is_64_on_the_staged_kernel_and_256_elsewhere() -> None:
     assert check_groups(Config(stream_a=True), [2880]) == [
         "k must be a multiple of 256 with these options (stream_a stages A in whole K_TILE "
         "stages), but the groups have k [2880]"]
-    assert k_multiple(Config(a_fp16=False, async_epilogue=False, patch_ahead=False)) == 256
-    assert check_groups(Config(a_fp16=False, async_epilogue=False, patch_ahead=False),
-                        [2880, 2048, 320]) == [
-        "k must be a multiple of 256 with these options (the v2 kernel converts whole K_TILE "
-        "stages), but the groups have k [320, 2880]"]

@@ -39,7 +39,6 @@ def _distinct() -> list[tuple[str, object]]:
         opts = dict(item.options)
         label = (f"{item.arch}.acc{item.acc_stages}.{item.out_dtype}"
                  + (f".{opts['tile_m']}x{opts['tile_n']}"
-                    f"{'.v2' if not opts.get('a_fp16', True) else ''}"
                     f"{'.stream_a' if opts.get('stream_a') else ''}"
                     f"{'.w_prefetch' if opts.get('w_prefetch') else ''}"
                     if item.arch == "sm_90a" else "") + f".{key[:6]}")
@@ -83,7 +82,7 @@ def test_shipped_kernel(shipped: Path, item) -> None:
         # one producer warpgroup and one consumer warpgroup per 64 weight rows of the tile
         assert k.block == (128 * (1 + opts["tile_n"] // 64), 1, 1)
         assert k.tile.m == opts["tile_m"] and k.tile.n == opts["tile_n"]
-        assert k.grid.cooperative == bool(opts["a_fp16"])
+        assert k.grid.cooperative  # all CTAs resident: the grid barrier, or stream_a's waits
 
 
 @NEEDS_DSL

@@ -21,25 +21,17 @@ from kernels.sm90.config import (
     smem_bytes,
 )
 
-# The v2 kernel (shapes.yaml's mixed_v2): the v3-only options off.
-V2 = {"a_fp16": False, "async_epilogue": False, "patch_ahead": False}
-
 
 def test_default_is_the_shipped_v3_and_fits() -> None:
     """Config()'s defaults are the kernel shapes.yaml ships for sm_90a (its defaults.options)."""
     c = Config()
-    assert (c.a_fp16, c.tile_m, c.tile_n, c.stages, c.a_slots, c.w_prefetch, c.stream_a) == (
-        True, 128, 128, 3, 8, False, False)
+    assert (c.tile_m, c.tile_n, c.stages, c.a_slots, c.w_prefetch, c.stream_a) == (
+        128, 128, 3, 8, False, False)
     assert (c.async_epilogue, c.patch_ahead, c.trace) == (True, True, False)
     assert check(c) == []
     # barriers 1 KiB + 3 x (16 KiB packed B + 2 KiB scales) + 8 x (128 rows x 64 K fp16)
     # + the C tile (128 rows of 128 + 8 fp16)
     assert smem_bytes(c) == 1024 + 3 * 18432 + 8 * 16384 + 34816 == 222208
-
-
-def test_v2_smem_is_unchanged() -> None:
-    assert check(Config(**V2)) == []
-    assert smem_bytes(Config(**V2)) == 161792
 
 
 def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
@@ -54,7 +46,6 @@ def test_tile_n_192_fits_with_two_scale_blocks_per_stage() -> None:
 def test_async_epilogue_adds_a_padded_c_tile() -> None:
     """tile_m rows of tile_n + C_ROW_PAD fp16, 1024-aligned after the A ring: 128 x 192 fits
     only with a_slots 5 (shapes.yaml's MoE sets)."""
-    assert c_tile_bytes(Config(**V2)) == 0
     c = Config()
     assert c_tile_bytes(c) == 128 * (128 + C_ROW_PAD) * 2 == 34816
     assert smem_bytes(c) == 187392 + 34816 and check(c) == []
@@ -71,14 +62,15 @@ def test_async_epilogue_adds_a_padded_c_tile() -> None:
 
 @NEEDS_DSL
 def test_patch_ahead_adds_one_descriptor_set() -> None:
-    """Patching one tile ahead keeps one more set in the rotation than the ring needs: the
-    workspace per CTA (recorded in the manifest) grows by one set of 4 maps."""
+    """Patching one tile ahead keeps one more set in the rotation than the rings need: the
+    workspace per CTA (recorded in the manifest) holds one more set of 4 maps."""
     from kernels.sm90.grouped_gemm import Sm90GroupedGemm
     from kernels.sm90.tma import sets_needed
 
-    ring = 3  # stages 3 (v2, and v3 whose a_slots 8 are 2 stages of A)
-    assert Sm90GroupedGemm(Config(**V2)).desc_sets == sets_needed(ring) == 4
+    ring = 3  # stages 3; a_slots 8 are 2 stages of A
     assert Sm90GroupedGemm(Config()).desc_sets == sets_needed(ring + 1) == 5
+    ring = 4  # a_slots 16 are 4 stages of A, more than the 3 weight stages
+    assert Sm90GroupedGemm(Config(tile_m=64, a_slots=16)).desc_sets == sets_needed(ring + 1) == 6
 
 
 def test_tile_m_256_fits_with_three_a_slots() -> None:
@@ -103,57 +95,29 @@ def test_tile_m_112_fits_with_five_a_slots() -> None:
     assert (112 * 64 * 2) % 1024 == 0
 
 
-# The refusal of each option that only the staged-A (a_fp16) kernel has.
-PATCH_AHEAD_NEEDS = ("patch_ahead needs a_fp16: true (only the default staged-A producer looks "
-                     "ahead)")
-ASYNC_EPILOGUE_NEEDS = ("async_epilogue needs a_fp16: true (only the default staged-A consumer "
-                        "hands its tiles over)")
-STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A producer waits for "
-                  "streamed A)")
-
-
 @pytest.mark.parametrize("kwargs, reason", [
     ({"tile_m": 256, "tile_n": 192, "a_slots": 2},
-     "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
-     "accumulator), but got a_fp16 True and tile_n 192"),
-    ({"tile_m": 256, **V2},
-     "tile_m 256 needs a_fp16: true and tile_n 128 (two consumer warpgroups hold its "
-     "accumulator), but got a_fp16 False and tile_n 128"),
+     "tile_m 256 needs tile_n 128 (two consumer warpgroups hold its accumulator), but got "
+     "tile_n 192"),
     ({"tile_m": 104}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 104"),
     ({"tile_m": 24}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 24"),
-    ({"tile_m": 32, **V2},
-     "tile_m 32 needs a_fp16: true (the decode tiles are built on the staged-A kernel only)"),
-    ({"tile_m": 112, **V2},
-     "tile_m 112 needs a_fp16: true (a v2 tile reads its A scales from one 128-row block, "
-     "which this tile_m does not divide)"),
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
-    ({**V2, "patch_ahead": True},
-     PATCH_AHEAD_NEEDS),
     ({"patch_ahead": False},
-     "patch_ahead must be true with a_fp16: true (the v3 kernel has no other path: patching at "
-     "each tile's start was slower, docs/lab_notebook.md seventh session), but got false"),
+     "patch_ahead must be true (the kernel has no other path: patching at each tile's start "
+     "was slower, docs/lab_notebook.md seventh session), but got false"),
     ({"async_epilogue": 1}, "async_epilogue must be true or false, but got 1"),
     ({"async_epilogue": False},
-     "async_epilogue must be true with a_fp16: true (the v3 kernel has no other path: its "
-     "consumers' own C stores were slower, docs/lab_notebook.md sixth session), but got false"),
-    ({**V2, "async_epilogue": True},
-     ASYNC_EPILOGUE_NEEDS),
+     "async_epilogue must be true (the kernel has no other path: its consumers' own C stores "
+     "were slower, docs/lab_notebook.md sixth session), but got false"),
     ({"stream_a": 1}, "stream_a must be true or false, but got 1"),
     ({"stream_a": "yes"}, "stream_a must be true or false, but got 'yes'"),
     ({"stream_a": None}, "stream_a must be true or false, but got None"),
-    ({**V2, "stream_a": True}, STREAM_A_NEEDS),
     ({"a_slots": 1}, "a_slots must be in 2..32, but got 1"),
-    ({"a_fp16": 1}, "a_fp16 must be true or false, but got 1"),
     ({"w_prefetch": "yes"}, "w_prefetch must be true or false, but got 'yes'"),
-    ({**V2, "w_prefetch": True},
-     "w_prefetch needs a_fp16: true (only the staged-A kernel has it)"),
     ({"a_slots": 12},
      f"stages 3 with tile_m 128 and a_slots 12 needs 287744 bytes of shared memory, more than "
      f"the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots (its C tile takes 34816 "
      f"bytes)"),
-    ({"tile_n": 192, **V2},
-     "tile_n 192 needs a_fp16: true (only the staged-A kernel has more than two consumer "
-     "warpgroups)"),
     ({"tile_n": 320}, "tile_n must be one of [128, 192, 256], but got 320"),
     ({"tile_n": 256},
      "tile_n 256 needs tile_m at most 32 (four consumer warpgroups get 104 registers each, "
@@ -165,9 +129,6 @@ STREAM_A_NEEDS = ("stream_a needs a_fp16: true (only the default staged-A produc
      f"stages 3 with tile_m 128, tile_n 192 and a_slots 9 needs 285696 bytes of shared memory, "
      f"more than the {SMEM_LIMIT} a Hopper CTA can use; lower stages or a_slots or tile_n (its "
      f"C tile takes 51200 bytes)"),
-    ({**V2, "stages": 5},
-     f"stages 5 with tile_m 128 needs 235520 bytes of shared memory, more than the "
-     f"{SMEM_LIMIT} a Hopper CTA can use; lower stages"),
 ])
 def test_rejected_configs_say_why(kwargs, reason) -> None:
     assert check(Config(**kwargs)) == [reason]
@@ -206,12 +167,11 @@ def test_stream_a_groups_need_one_k_and_at_most_32(ks: list[int], reasons: list[
 @pytest.mark.parametrize("ks", [[2048], [7168, 2048], [256] * 100, [512] + [256] * 40])
 def test_without_stream_a_any_groups_do(ks: list[int]) -> None:
     assert check_groups(Config(), ks) == []
-    assert check_groups(Config(**V2), ks) == []
 
 
 @pytest.mark.parametrize("config, ks", [
     (Config(), None), (Config(), [256, 512]), (Config(stream_a=True), [256, 512]),
-    (Config(tile_m=7, stream_a=True), [256] * 40), (Config(**V2, tile_n=192), [2048]),
+    (Config(tile_m=7, stream_a=True), [256] * 40), (Config(tile_m=256, tile_n=192), [2048]),
 ])
 def test_can_implement_is_check_then_check_groups(config: Config, ks: list[int] | None) -> None:
     """One legality function: the builder's two halves, in order, and nothing else."""

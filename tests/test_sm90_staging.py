@@ -1,4 +1,4 @@
-"""Phase 1 of the a_fp16 kernels: where each 32-K chunk of A is read and written
+"""The kernel's phase 1: where each 32-K chunk of A is read and written
 (kernels/sm90/staging.py, the formulas the kernel traces), against independent definitions:
 the packed A bytes tile the row-major fp4 matrix, the scale bytes are the runtime's blocked
 layout (runtime.nvfp4.blocked_scale_offset), and the fp16 outputs tile the staging area with

@@ -85,8 +85,9 @@ def test_caps_on_sets_groups_and_file_size(fams: Families, tmp_path: Path) -> No
 def test_an_option_inherited_from_defaults_is_named_with_its_defaults_key(
         fams: Families) -> None:
     text = ("schema_version: 1\ndefaults:\n  archs: [sm_90a]\n"
-            "  options: {sm_90a: {async_epilogue: true, patch_ahead: true}}\nsets:\n"
-            "  - name: v2\n    groups: [[56, 1024, 768]]\n    options: {sm_90a: {a_fp16: false}}\n")
-    assert _error(text, fams).startswith(
-        "shapes.yaml: sets[v2].options.sm_90a (with async_epilogue, patch_ahead from "
-        "defaults.options.sm_90a): the sm90 config for acc stage 1 is invalid: async_epilogue")
+            "  options: {sm_90a: {tile_n: 192, patch_ahead: true}}\nsets:\n"
+            "  - name: big\n    groups: [[56, 1024, 768]]\n    options: {sm_90a: {tile_m: 256}}\n")
+    assert _error(text, fams) == (
+        "shapes.yaml: sets[big].options.sm_90a (with patch_ahead, tile_n from "
+        "defaults.options.sm_90a): the sm90 config for acc stage 1 is invalid: tile_m 256 needs "
+        "tile_n 128 (two consumer warpgroups hold its accumulator), but got tile_n 192")

@@ -87,12 +87,12 @@ def test_dynamic_m_sets_are_checked_on_their_k(fams: Families) -> None:
 
 
 def test_the_invalid_combination_is_reported_before_the_groups(fams: Families) -> None:
-    """stream_a without a_fp16 is an invalid config whatever the groups (config.check)."""
-    text = one_set(MIXED_K, "{sm_90a: {stream_a: true, a_fp16: false, async_epilogue: false, "
-                            "patch_ahead: false}}")
+    """An invalid config is reported as such whatever the groups (config.check), not as groups
+    that stream_a cannot serve."""
+    text = one_set(MIXED_K, "{sm_90a: {stream_a: true, tile_m: 256, tile_n: 192}}")
     assert message(text, fams) == (
-        E + "sets[s].options.sm_90a: the sm90 config for acc stage 1 is invalid: stream_a needs "
-        "a_fp16: true (only the default staged-A producer waits for streamed A)")
+        E + "sets[s].options.sm_90a: the sm90 config for acc stage 1 is invalid: tile_m 256 needs "
+        "tile_n 128 (two consumer warpgroups hold its accumulator), but got tile_n 192")
     assert message(one_set(ONE_K_GROUPS, "{sm_90a: {stream_a: 1}}"), fams) == (
         E + "sets[s].options.sm_90a.stream_a: stream_a must be a bool, but got int 1")
 

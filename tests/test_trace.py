@@ -31,8 +31,9 @@ SUB_STEPS = K_TILE // SUB_K
 
 @pytest.mark.parametrize("kwargs, reason", [
     ({"trace": 1}, "trace must be true or false, but got 1"),
-    ({"trace": True, "a_fp16": False, "async_epilogue": False, "patch_ahead": False},
-     "trace needs a_fp16: true (only the staged-A roles stamp it)"),
+    ({"trace": True, "device_offsets": True},
+     "device_offsets needs stream_a: false and trace: false (the device-offsets prologue is "
+     "built on the kernel with the grid barrier), but got stream_a False, trace True"),
 ])
 def test_trace_is_checked(kwargs, reason) -> None:
     assert check(Config(**kwargs)) == [reason]

@@ -15,29 +15,25 @@ SCALE_ATOM_BYTES = 512
 SCALE_STAGE_BYTES = SCALE_ATOM_BYTES * K_TILE // 64
 # The K a call's k must be a multiple of: one 64-K fp16 A slot, one 512-byte scale atom. A tile's
 # last K_TILE stage may then run past k: TMA fills the weights, scales and fp16 A past k with
-# zeros, whose products add exact zeros (gpt-oss's K = 2880, issue 26). The v2 kernel and
-# stream_a (A staged and counted in whole K_TILE stages) keep K_TILE (k_multiple()).
+# zeros, whose products add exact zeros (gpt-oss's K = 2880, issue 26). stream_a (A staged and
+# counted in whole K_TILE stages) keeps K_TILE (k_multiple()).
 K_MULTIPLE = 64
 # C rows are written with 16-byte vectors: n must keep them aligned.
 N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
 ACC_STAGES = (1,)
-# Output rows (tokens) per CTA tile = the wgmma N. 256 (a_fp16, tile_n 128 only: its 128-register
+# Output rows (tokens) per CTA tile = the wgmma N. 256 (tile_n 128 only: its 128-register
 # accumulator needs two consumer warpgroups' share of the register file) converts each weight
-# tile once for up to 256 tokens. 80, 96 and 112 (a_fp16 only) fit a set's m with fewer padded
-# MMA rows: moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664,
-# 86.0 -> 78.8 us (docs/lab_notebook.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
+# tile once for up to 256 tokens. 80, 96 and 112 fit a set's m with fewer padded MMA rows:
+# moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664, 86.0 ->
+# 78.8 us (docs/lab_notebook.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
 # aborts the process compiling 88, 104 or 120.
 # 16 and 32 (issue 27, decode): at a few tokens per expert a 64-row tile multiplies mostly
-# padding; the wgmma N shrinks with the tile (a_fp16 only: the v2 path was never measured so).
+# padding; the wgmma N shrinks with the tile.
 TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
-# tile_m values that do not divide 128: a v2 tile (a_fp16 false) reads its A scales from one
-# 128-row block, which such a tile can cross.
-TILE_MS_STAGED_ONLY = (80, 96, 112)
-TILE_MS_SMALL = (16, 32)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
-# warpgroups, a_fp16 only) runs 1.5x the converting warps at once, each still converting 64 rows
-# for its own m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
+# warpgroups) runs 1.5x the converting warps at once, each still converting 64 rows for its own
+# m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
 # 256 (four consumer warpgroups, decode tiles only: their small accumulator fits the 104
 # registers a 640-thread CTA can give them) puts four converting warps on each scheduler to
 # hide the conversion chain's latency; it also tiles N = 2048, 4096, 7168 and 1536 exactly.
@@ -48,8 +44,8 @@ TILE_N_WIDE_MAX_M = 32
 @dataclass(frozen=True)
 class Config:
     """The sm_90a kernel's build options. The defaults are the shipped v3 kernel (staged A,
-    async epilogue, descriptors patched ahead: what shapes.yaml's sm_90a defaults give); v2 is
-    `a_fp16: false` with `async_epilogue: false, patch_ahead: false` (the mixed_v2 set)."""
+    async epilogue, descriptors patched ahead: what shapes.yaml's sm_90a defaults give).
+    Options deleted with their code paths are in REMOVED_OPTIONS."""
 
     acc_stages: int = 1
     # The element type C is written in (shapes.yaml `out_dtypes`, its own key, like acc_stages):
@@ -58,40 +54,36 @@ class Config:
     tile_m: int = 128
     tile_n: int = 128
     stages: int = 3  # shared-memory stages of the packed-operand pipeline
-    # A (activations) converted to fp16 once per call, by every CTA before a grid-wide barrier,
-    # into a workspace the GEMM phase then loads with TMA: the tile loop converts only weights
-    # (otherwise each CTA re-converts its A rows for every weight tile it computes).
-    a_fp16: bool = True
-    # fp16 A buffers of 64 K each (with a_fp16): the TMA ring the wgmma reads from.
+    # fp16 A buffers of 64 K each: the TMA ring the wgmma reads from.
     a_slots: int = 8
-    # With a_fp16: load each 64-K step's weight words from shared memory one step early, before
-    # the previous step's waits and wgmma issue, instead of at the head of the step's
-    # conversion chain. 1-2% slower on the H200 in the fifth session; since the twelfth, 3-4%
-    # faster on dense_a (112 x 128), and still slower on moe_down (bench/RESULTS.md).
+    # Load each 64-K step's weight words from shared memory one step early, before the previous
+    # step's waits and wgmma issue, instead of at the head of the step's conversion chain. 1-2%
+    # slower on the H200 in the fifth session; since the twelfth, 3-4% faster on dense_a (112 x
+    # 128), and still slower on moe_down (bench/RESULTS.md).
     w_prefetch: bool = False
-    # v3 (a_fp16) only, and always on there (the consumers' own C stores lost in measurement,
-    # wip-v3-direct-epilogue): the consumers write each finished tile into a shared-memory C
-    # tile and go on to the next tile; the producer warpgroup's three idle warps copy it out.
+    # Always on (the consumers' own C stores lost in measurement, wip-v3-direct-epilogue): the
+    # consumers write each finished tile into a shared-memory C tile and go on to the next
+    # tile; the producer warpgroup's three idle warps copy it out.
     # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128,
     # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (docs/lab_notebook.md,
     # 2026-11-30, sixth session).
     async_epilogue: bool = True
-    # v3 (a_fp16) only, and always on there (wip-v3-direct-epilogue has the patch at the tile
-    # start): the producer patches the descriptors of its next tile's group one tile
-    # ahead (and prefetches them), instead of when that tile starts; a group change then no
-    # longer waits for the patch and the descriptor fetch. One more descriptor set per CTA.
+    # Always on (wip-v3-direct-epilogue has the patch at the tile start): the producer patches
+    # the descriptors of its next tile's group one tile ahead (and prefetches them), instead of
+    # when that tile starts; a group change then no longer waits for the patch and the
+    # descriptor fetch. One more descriptor set per CTA.
     # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (docs/lab_notebook.md, seventh session).
     patch_ahead: bool = True
-    # With a_fp16: phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps
-    # 1..3 stage A in K order (kernels/sm90/staging.py, "streamed staging") while the consumers
-    # start, and the producer waits for each stage's A rows alone. Needs one k for all groups
-    # and at most LANE_GROUPS groups (check_groups).
+    # Phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps 1..3 stage A in
+    # K order (kernels/sm90/staging.py, "streamed staging") while the consumers start, and the
+    # producer waits for each stage's A rows alone. Needs one k for all groups and at most
+    # LANE_GROUPS groups (check_groups).
     stream_a: bool = False
     # The serving contract (issue 26; kernels/sm90/offsets.py): the kernel takes the call's
     # int32 expert end offsets and operand base pointers instead of host-built tables, and
     # each CTA derives the tables from them on the device, so a call needs no host work per
     # routing and one captured graph serves every routing. Implied by shapes.yaml's
-    # `experts:` sets (builder/spec.py); v3 with the grid barrier only.
+    # `experts:` sets (builder/spec.py); with the grid barrier only (not stream_a).
     device_offsets: bool = False
     # With device_offsets: DeepGEMM's masked layout (issue 27) instead of offsets: a is (E,
     # max_m, K/2), expert g's rows start at g * max_m and masked_m[g] of them are valid; sfa
@@ -103,10 +95,10 @@ class Config:
     # run of tiles, instead of a new expert (patch, table walk) at every tile. The same
     # ceil(tiles / grid) tiles for the busiest CTA either way.
     blocked_tiles: bool = False
-    # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
-    # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
-    # workspace per CTA, which experiments/trace_run.py reads back. compile_kernel builds it as
-    # trace.py's subclass (hooks.py's overrides); the default cubins are unchanged.
+    # Diagnostics only (never in shapes.yaml): the producer and the first consumer warpgroup
+    # store %clock64 at their pipeline events into TRACE_BYTES of workspace per CTA, which
+    # experiments/trace_run.py reads back. compile_kernel builds it as trace.py's subclass
+    # (hooks.py's overrides); the default cubins are unchanged.
     trace: bool = False
 
 
@@ -128,7 +120,7 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
-FP16_BUFFERS, SUB_K = 3, 64
+SUB_K = 64  # K of one fp16 A slot and of one wgmma step
 
 # Config.trace's record per CTA: 8-byte clock stamps at fixed places (experiments/trace_run.py).
 # Tiles past TRACE_TILES are not recorded; stages past TRACE_STAGES share the last slot.
@@ -160,8 +152,8 @@ TRACE_BYTES = TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + TRACE_TILE_BYTES
 
 
 C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
-# Up to this many groups, phase 1 (a_fp16) holds the group tables one per lane of each staging
-# warp; more groups walk them (kernels/sm90/staged.py, _stage_a).
+# Up to this many groups, phase 1 holds the group tables one per lane of each staging warp;
+# more groups walk them (kernels/sm90/staged.py, _stage_a).
 LANE_GROUPS = 32
 
 
@@ -178,7 +170,7 @@ def can_implement(config: Config, shapes: Sequence[Sequence[int]] | None = None)
 
 def k_multiple(config: Config) -> int:
     """What every group's k must be a multiple of for this config (K_MULTIPLE's comment)."""
-    return K_MULTIPLE if config.a_fp16 is True and config.stream_a is False else K_TILE
+    return K_MULTIPLE if config.stream_a is False else K_TILE
 
 
 def check_groups(config: Config, ks: list[int]) -> list[str]:
@@ -186,8 +178,7 @@ def check_groups(config: Config, ks: list[int]) -> list[str]:
     reasons = []
     bad = sorted({k for k in ks if k % k_multiple(config)})
     if bad:
-        why = ("the v2 kernel converts whole K_TILE stages" if config.a_fp16 is not True
-               else "stream_a stages A in whole K_TILE stages" if config.stream_a is not False
+        why = ("stream_a stages A in whole K_TILE stages" if config.stream_a is not False
                else "one 64-K fp16 A slot and one scale atom")
         reasons.append(f"k must be a multiple of {k_multiple(config)} with these options "
                        f"({why}), but the groups have k {bad}")
@@ -213,34 +204,30 @@ def scale_blocks(tile_n: int) -> int:
 
 
 def smem_bytes(config: Config) -> int:
-    """Shared memory the kernel allocates: barriers, packed stages, scale stages, fp16 tiles."""
-    if config.a_fp16:
-        b_stage = (config.tile_n * (K_TILE // 2)
-                   + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES)
-        c_tile = -(-c_tile_bytes(config) // 1024) * 1024  # 1024-aligned after the A ring
-        return (1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2
-                + c_tile)
-    packed = config.stages * (config.tile_n + config.tile_m) * (K_TILE // 2)
-    scales = config.stages * 2 * SCALE_STAGE_BYTES
-    # Then a 1024-aligned 32-byte placeholder where a shared fp16 B tile was (the weights go to
-    # wgmma in registers): one more KiB, kept so that the v2 cubins did not change.
-    fp16 = FP16_BUFFERS * config.tile_m * SUB_K * 2 + 1024
-    return 1024 + packed + scales + fp16
+    """Shared memory the kernel allocates: barriers, weight stages (packed and scales), the fp16
+    A ring and the C tile."""
+    b_stage = config.tile_n * (K_TILE // 2) + scale_blocks(config.tile_n) * SCALE_STAGE_BYTES
+    c_tile = -(-c_tile_bytes(config) // 1024) * 1024  # 1024-aligned after the A ring
+    return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2 + c_tile
 
 
-# Options only the staged-A (a_fp16) kernel has, each with the reason why.
-_STAGED_ONLY = (
-    ("async_epilogue", "only the default staged-A consumer hands its tiles over"),
-    ("patch_ahead", "only the default staged-A producer looks ahead"),
-    ("stream_a", "only the default staged-A producer waits for streamed A"),
-    ("trace", "only the staged-A roles stamp it"),
-)
-
-
-# Options v3 always has (their off paths lost in measurement; branch wip-v3-direct-epilogue).
-_STAGED_ALWAYS = {
+# Options the kernel always has (their off paths lost in measurement; branch
+# wip-v3-direct-epilogue), each with the reason why.
+_ALWAYS_ON = {
     "async_epilogue": "its consumers' own C stores were slower, docs/lab_notebook.md sixth session",
     "patch_ahead": "patching at each tile's start was slower, docs/lab_notebook.md seventh session",
+}
+
+# Options deleted with their code paths (what lost in measurement): when, why and where the code
+# is. A shapes.yaml option naming one is refused with this, not as an unknown key.
+REMOVED_OPTIONS = {
+    "a_fp16": "in issue 25: v2, which converted A per tile (a_fp16: false), lost to v3 with "
+              "stream_a, and every sm_90a kernel converts A once per call (v2 is last at commit "
+              "b6627c2)",
+    "w_regs": "in issue 25: weights through a shared fp16 tile (w_regs: false) lost to the "
+              "register operand (branch wip-smem-fp16-b-option)",
+    "stream_k": "in issue 25: stream-K lost 7% on moe_down and 3-8 us on the dense sets (branch "
+                "wip-stream-k-option)",
 }
 
 
@@ -257,21 +244,9 @@ def check(config: Config) -> list[str]:
         reasons.append(f"tile_m must be one of {list(TILE_MS)}, but got {config.tile_m}")
     if config.tile_n not in TILE_NS:
         reasons.append(f"tile_n must be one of {list(TILE_NS)}, but got {config.tile_n}")
-    if not isinstance(config.a_fp16, bool):
-        reasons.append(f"a_fp16 must be true or false, but got {config.a_fp16!r}")
-    if config.tile_m == 256 and (config.a_fp16 is False or config.tile_n != 128):
-        reasons.append(f"tile_m 256 needs a_fp16: true and tile_n 128 (two consumer "
-                       f"warpgroups hold its accumulator), but got a_fp16 {config.a_fp16!r} "
-                       f"and tile_n {config.tile_n!r}")
-    if config.tile_m in TILE_MS_SMALL and config.a_fp16 is False:
-        reasons.append(f"tile_m {config.tile_m} needs a_fp16: true (the decode tiles are built "
-                       "on the staged-A kernel only)")
-    if config.tile_m in TILE_MS_STAGED_ONLY and config.a_fp16 is False:
-        reasons.append(f"tile_m {config.tile_m} needs a_fp16: true (a v2 tile reads its A "
-                       "scales from one 128-row block, which this tile_m does not divide)")
-    if config.tile_n in TILE_NS and config.tile_n != 128 and config.a_fp16 is False:
-        reasons.append(f"tile_n {config.tile_n} needs a_fp16: true (only the staged-A kernel "
-                       "has more than two consumer warpgroups)")
+    if config.tile_m == 256 and config.tile_n != 128:
+        reasons.append(f"tile_m 256 needs tile_n 128 (two consumer warpgroups hold its "
+                       f"accumulator), but got tile_n {config.tile_n!r}")
     if not isinstance(config.w_prefetch, bool):
         reasons.append(f"w_prefetch must be true or false, but got {config.w_prefetch!r}")
     if config.tile_n == 256 and config.tile_m > TILE_N_WIDE_MAX_M:
@@ -281,26 +256,20 @@ def check(config: Config) -> list[str]:
     if config.tile_n == 256 and config.stream_a is True:
         reasons.append("tile_n 256 needs stream_a: false (its stager warps need registers the "
                        "four consumer warpgroups take)")
-    if config.w_prefetch is True and config.a_fp16 is False:
-        reasons.append("w_prefetch needs a_fp16: true (only the staged-A kernel has it)")
-    for name, why in _STAGED_ONLY:
+    for name in ("async_epilogue", "patch_ahead", "stream_a", "trace"):
         value = getattr(config, name)
         if not isinstance(value, bool):
             reasons.append(f"{name} must be true or false, but got {value!r}")
-        elif value and config.a_fp16 is False:
-            reasons.append(f"{name} needs a_fp16: true ({why})")
-        elif name in _STAGED_ALWAYS and not value and config.a_fp16 is True:
-            reasons.append(f"{name} must be true with a_fp16: true (the v3 kernel has no other "
-                           f"path: {_STAGED_ALWAYS[name]}), but got false")
+        elif name in _ALWAYS_ON and not value:
+            reasons.append(f"{name} must be true (the kernel has no other path: "
+                           f"{_ALWAYS_ON[name]}), but got false")
     if not isinstance(config.device_offsets, bool):
         reasons.append(f"device_offsets must be true or false, but got "
                        f"{config.device_offsets!r}")
-    elif config.device_offsets and (config.a_fp16 is not True or config.stream_a is not False
-                                    or config.trace is not False):
-        reasons.append("device_offsets needs a_fp16: true, stream_a: false and trace: false "
-                       "(the device-offsets prologue is built on the v3 kernel with the grid "
-                       f"barrier), but got a_fp16 {config.a_fp16!r}, stream_a "
-                       f"{config.stream_a!r}, trace {config.trace!r}")
+    elif config.device_offsets and (config.stream_a is not False or config.trace is not False):
+        reasons.append("device_offsets needs stream_a: false and trace: false (the "
+                       "device-offsets prologue is built on the kernel with the grid barrier), "
+                       f"but got stream_a {config.stream_a!r}, trace {config.trace!r}")
     if not isinstance(config.masked, bool):
         reasons.append(f"masked must be true or false, but got {config.masked!r}")
     elif config.masked and config.device_offsets is not True:
@@ -319,9 +288,9 @@ def check(config: Config) -> list[str]:
         reasons.append(
             f"stages {config.stages} with tile_m {config.tile_m}"
             + (f", tile_n {config.tile_n}" if config.tile_n != 128 else "")
-            + (f" and a_slots {config.a_slots}" if config.a_fp16 else "")
+            + f" and a_slots {config.a_slots}"
             + f" needs {smem_bytes(config)} bytes of shared memory, more than the {SMEM_LIMIT} "
-            "a Hopper CTA can use; lower stages" + (" or a_slots" if config.a_fp16 else "")
+            "a Hopper CTA can use; lower stages or a_slots"
             + (" or tile_n" if config.tile_n != 128 else "")
             + (f" (its C tile takes {c_tile_bytes(config)} bytes)"
                if config.async_epilogue else ""))

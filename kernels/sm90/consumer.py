@@ -29,11 +29,10 @@ class TileConsumer:
     """v3's consumer warpgroups: the K loop of each tile, then the hand-over."""
 
     def _mma_fragments(self, tiled_mma, a_smem, ct) -> tuple:
-        """One consumer thread's wgmma operands, both kernels (v2, v3): the fragments of the
-        shared fp16 A tiles `a_smem`, two weight register fragments (a step writes one while
-        the previous step's wgmma may still read the other; wait_group(1) retires the one
-        before that) and their 32-bit words, the accumulator, its coordinates and the
-        k-blocks per step."""
+        """One consumer thread's wgmma operands: the fragments of the shared fp16 A tiles
+        `a_smem`, two weight register fragments (a step writes one while the previous step's
+        wgmma may still read the other; wait_group(1) retires the one before that) and their
+        32-bit words, the accumulator, its coordinates and the k-blocks per step."""
         thr_mma = tiled_mma.get_slice(ct)
         frag_a = tiled_mma.make_fragment_B(thr_mma.partition_B(a_smem))
         frag_w = [tiled_mma.make_fragment_A(thr_mma.partition_shape_A((self.tile_n, SUB_K)))

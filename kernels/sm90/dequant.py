@@ -1,9 +1,9 @@
 """NVFP4 -> fp16 conversion in registers for the Hopper kernel (device code helpers).
 
 One recipe (dequant_word_w, the shift form of fp4_bits) for both operands: the weights into
-wgmma register fragments, the activations into shared-memory tiles (v2) or the fp16 staging
-area (v3). Each value leaves it as value * scale * 2^-7, so every product carries 2^-14, which
-the epilogue undoes (fp4_bits.ACC_UNSCALE).
+wgmma register fragments, the activations into the fp16 staging area (phase 1). Each value
+leaves it as value * scale * 2^-7, so every product carries 2^-14, which the epilogue undoes
+(fp4_bits.ACC_UNSCALE).
 
 One 32-bit word holds 8 e2m1 codes n0..n7 (n_i in bits 4i..4i+3, element 2j in the low nibble).
 It becomes 4 fp16x2 words holding the pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7): the K order

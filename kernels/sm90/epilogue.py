@@ -15,8 +15,8 @@ from .config import C_ROW_PAD
 from .ptx import ld_shared_v4, st_global_v4
 
 # async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
-# between the two sides (0 is the CTA's, 1 v2's step barrier; 2 was stream-K's): the C
-# tile is free to write, and it is full.
+# between the two sides (0 is the CTA's; 1 was v2's step barrier, 2 stream-K's): the C tile is
+# free to write, and it is full.
 STORERS = 3 * 32
 _C_FREE, _C_FULL = 3, 4
 

@@ -7,7 +7,7 @@ SFB e4m3 in the blocked 128x4 layout of facts.md, alpha one fp32 per group (the 
 global scales; the runtime passes ones when the caller gives none), C (M, N) row-major in
 Config.out_dtype (fp16 or bf16); fp32 accumulation, alpha applied to the fp32 accumulator.
 
-Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the default):
+Hopper has no FP4 tensor cores, so the data path is (v3):
   phase 1: all warps but warp 0 of every CTA convert a share of all groups' A to fp16 (value *
            scale * 2^-7, exact) into the workspace, in the kernel's permuted K order, while
            warp 0 loads its first tile's first weight stages; a grid-wide barrier follows (the
@@ -23,13 +23,11 @@ Hopper has no FP4 tensor cores, so the data path is (v3, Config.a_fp16, the defa
        to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
        scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
     -> epilogue scales by alpha[g] * 2^14 (both operands carried 2^-7: one FMUL, as before
-       alpha), rounds to out_dtype and writes C with per-element
-       bounds checks (rows >= m and cols >= n untouched); with Config.async_epilogue (on for
-       every v3 set of shapes.yaml) the consumers write the tile into a padded shared C tile
-       and go on, and warps 1..3 (idle since phase 1) store it in 16-byte vectors.
-v2 (a_fp16: false) has no phase 1: the consumers also convert their A rows per 64-K step into
-swizzled shared memory (3 buffers, a named barrier per step). It stays the better choice for
-small problems, where phase 1 and the barrier cost more than the conversions they save.
+       alpha) and rounds to out_dtype; the consumers write the tile into a padded shared C tile
+       and go on (Config.async_epilogue, always on), and warps 1..3 (idle since phase 1) store
+       it to C in 16-byte vectors (rows >= m and cols >= n untouched).
+v2 (Config.a_fp16 false: no phase 1, the consumers converted their A rows per 64-K step) lost
+to v3 with stream_a on its last set, dense_b, and was removed in issue 25 (last at b6627c2).
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
 the wgmma M dimension walks B's rows (tile_n per CTA tile, 64 per warpgroup) and the wgmma N
@@ -40,19 +38,19 @@ Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatena
 lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
 sizes, pointers and the grid are run-time values; nothing about the call is baked into the cubin.
 
-Constraints: k % 64 == 0 (k % 256 for v2 and stream_a: config.k_multiple), n % 8 == 0,
+Constraints: k % 64 == 0 (k % 256 with stream_a: config.k_multiple), n % 8 == 0,
 16-byte aligned rows and base pointers, scales padded to 128-row atoms (the blocked layout
 always is). Build:
     CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
 
-Code: this module holds the host-side trace (TMA templates, shared storage, launch), what both
-versions share (tables, tile walk, descriptor patching, epilogue) and compile_kernel. The roles
-are mixins: staged.py (v3: the role dispatch, phase 1 and the grid barrier), producer.py,
-consumer.py and epilogue.py (v3's tile loop: TMA loads, K loop, async epilogue), streamed.py
-(v3's stream_a: staging overlapped with the tiles), per_tile.py (v2) and weights.py (weights into
-wgmma registers, both versions); structure.py has the layout constants they share. Bit tricks live
-in fp4_bits.py / dequant.py, PTX in ptx.py. hooks.py: the no-op diagnostic hooks the roles call,
-which trace.py's subclass (Config.trace) overrides.
+Code: this module holds the host-side trace (TMA templates, shared storage, launch), what the
+roles share (tables, tile walk, descriptor patching) and compile_kernel. The roles are mixins:
+staged.py (the role dispatch, phase 1 and the grid barrier), producer.py, consumer.py and
+epilogue.py (the tile loop: TMA loads, K loop, async epilogue), streamed.py (stream_a: staging
+overlapped with the tiles) and weights.py (weights into wgmma registers); structure.py has the
+layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
+hooks.py: the no-op diagnostic hooks the roles call, which trace.py's subclass (Config.trace)
+overrides.
 """
 
 from __future__ import annotations
@@ -85,7 +83,6 @@ from kernels.introspect import (
 
 from . import tma
 from .config import (
-    FP16_BUFFERS,
     K_TILE,
     N_MULTIPLE,
     SCALE_ATOM_BYTES,
@@ -103,7 +100,6 @@ from .context import CtaContext
 from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
 from .hooks import TraceHooks
-from .per_tile import PerTileA
 from .producer import TileProducer
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
@@ -116,11 +112,11 @@ SYMBOL_PREFIX = "nvfp4_gg_sm90"
 # Placeholder extents for the descriptor templates; the kernel patches dims and strides.
 _PH_ROWS, _PH_ROW_BYTES = 1024, 4096
 _PH_SCALE = (256, 64, 16)
-_PH_K = 4096  # placeholder K of the fp16 A template (a_fp16)
+_PH_K = 4096  # placeholder K of the fp16 A template
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA, PerTileA,
+class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA,
                       WeightFragments, TraceHooks):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
@@ -142,17 +138,13 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         self.scale_blocks = scale_blocks(config.tile_n)
         self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
-        self.a_fp16 = config.a_fp16
-        # Descriptor sets per CTA, used in turn on group changes (tma.py). v3's A ring holds
-        # a_slots sub-stage loads; v2 loads A with the weights, in the same stages.
-        # v3 patches a set one tile before its loads (patch_ahead): one set more in the rotation.
-        self.desc_sets = tma.sets_needed(
-            (max(config.stages, -(-config.a_slots // SUB_STEPS)) + 1)
-            if config.a_fp16 else config.stages)
+        # Descriptor sets per CTA, used in turn on group changes (tma.py). The A ring holds
+        # a_slots sub-stage loads; a set is patched one tile before its loads (patch_ahead):
+        # one set more in the rotation.
+        self.desc_sets = tma.sets_needed(max(config.stages, -(-config.a_slots // SUB_STEPS)) + 1)
         # The zeroed header at the workspace's start and the grid_barrier parameter: the grid
         # barrier (staged.py), or with stream_a the progress counters (staging.py).
-        self.header_bytes = ((STREAM_HEADER_BYTES if config.stream_a else HEADER_BYTES)
-                             if config.a_fp16 else 0)
+        self.header_bytes = STREAM_HEADER_BYTES if config.stream_a else HEADER_BYTES
         self.args: KernelArgs | None = None
         self.smem_bytes = 0
 
@@ -188,11 +180,12 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     def _record_templates(self, args: KernelArgs) -> None:
         """The four TMA descriptor templates (B, A, SFB, SFA), recorded in `args` in that
-        order: the kernel's first parameters."""
-        tile_m, tile_n = self.tile_m, self.tile_n
+        order: the kernel's first parameters. The kernel never loads through SFA (phase 1 reads
+        A's scales with plain loads); its template and descriptor slot stay, so that the launch
+        ABI and the cubins did not change when v2, which used it, was removed."""
+        tile_n = self.tile_n
 
         packed_b_smem = self._packed_layout(tile_n)
-        packed_a_smem = self._packed_layout(tile_m)
         scale_smem = cute.make_layout(SCALE_BOX, stride=(1, SCALE_BOX[0]))
         op = cpasync.CopyBulkTensorTileG2SOp()
         packed_ph = self._placeholder((_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1))
@@ -200,16 +193,12 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         scale_ph = self._placeholder(_PH_SCALE, scale_stride)
         atom_b, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_b_smem,
                                                 (tile_n, PACKED_ROW_BYTES))
-        if cutlass.const_expr(self.a_fp16):
-            a16_ph = cute.make_tensor(
-                cute.make_ptr(Float16, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
-                cute.make_layout((_PH_ROWS, _PH_K), stride=(_PH_K, 1)))
-            a16_smem = self._a16_slot_layout()
-            atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem,
-                                                    (self._a16_load_rows(), SUB_K))
-        else:
-            atom_a, _ = cpasync.make_tiled_tma_atom(op, packed_ph, packed_a_smem,
-                                                    (tile_m, PACKED_ROW_BYTES))
+        a16_ph = cute.make_tensor(
+            cute.make_ptr(Float16, Int64(16), cute.AddressSpace.gmem, assumed_align=16),
+            cute.make_layout((_PH_ROWS, _PH_K), stride=(_PH_K, 1)))
+        a16_smem = self._a16_slot_layout()
+        atom_a, _ = cpasync.make_tiled_tma_atom(op, a16_ph, a16_smem,
+                                                (self._a16_load_rows(), SUB_K))
         if cutlass.const_expr(self.scale_blocks == 1):
             atom_sfb, _ = cpasync.make_tiled_tma_atom(op, scale_ph, scale_smem, SCALE_BOX)
         else:
@@ -224,12 +213,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         packed_shape, packed_stride = (_PH_ROWS, _PH_ROW_BYTES), (_PH_ROW_BYTES, 1)
         args.tma_template("tma_b", atom_b, "b",
                           geometry(atom_b, packed_shape, packed_stride, packed_b_smem))
-        if cutlass.const_expr(self.a_fp16):
-            args.tma_template("tma_a", atom_a, "a",
-                              geometry(atom_a, (_PH_ROWS, _PH_K), (_PH_K, 1), a16_smem))
-        else:
-            args.tma_template("tma_a", atom_a, "a",
-                              geometry(atom_a, packed_shape, packed_stride, packed_a_smem))
+        args.tma_template("tma_a", atom_a, "a",
+                          geometry(atom_a, (_PH_ROWS, _PH_K), (_PH_K, 1), a16_smem))
         args.tma_template("tma_sfb", atom_sfb, "sfb",
                           geometry(atom_sfb, _PH_SCALE, scale_stride,
                                    scale_smem if self.scale_blocks == 1 else sfb_smem))
@@ -241,68 +226,43 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         """The parameters after the call's tables: workspace, grid barrier, alpha and the
         group count."""
         args.table("tensormap_workspace", workspace, "tensormap_workspace")
-        if cutlass.const_expr(self.a_fp16):
-            # The grid barrier's zeroed header (staged.py): its own parameter, so a captured
-            # launch can keep it outside the graph's workspace (runtime/device.py).
-            args.table("grid_barrier", grid_barrier, "grid_barrier")
-        else:
-            args.zeros("grid_barrier", grid_barrier, 8, 8)  # v2 has no barrier
+        # The grid barrier's zeroed header (staged.py): its own parameter, so a captured
+        # launch can keep it outside the graph's workspace (runtime/device.py).
+        args.table("grid_barrier", grid_barrier, "grid_barrier")
         args.table("alpha", alpha, "alpha")
         args.scalar("num_groups", num_groups, "num_groups")
 
     def _launch(self, args: KernelArgs, num_ctas) -> None:
         """Declare the shared storage, then launch `self.kernel` on `args` (trace time)."""
-        tile_m, tile_n = self.tile_m, self.tile_n
-        fa_layout = self._fp16_a_layout()
-
+        tile_n = self.tile_n
         stages = self.stages
+        a_slots = self.config.a_slots
+        a16_elems = cute.cosize(self._a16_layout())
+        sfb_stage_bytes = self.sfb_stage_bytes
 
         # Fields as a dict of real objects: string annotations (this module's `from __future__
         # import annotations`) would be evaluated in a frame that does not hold these locals.
-        v2_fields = {
+        fields = {
             "mbar": cute.struct.MemRange[Int64, stages * 2],
+            "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
+        }
+        # The storers' look-ahead for the consumers: (k, first scale row) of the tile after
+        # the one being handed over. Inside the barriers' first KiB, so the size is
+        # config.smem_bytes's.
+        fields["next_tile"] = cute.struct.MemRange[Int32, 2]
+        # The C scale (_c_scale) of the tile being handed over, posted by the storers.
+        fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
+        fields |= {
             "packed_b": cute.struct.Align[
                 cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
-            "packed_a": cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * tile_m * PACKED_ROW_BYTES], 1024],
             "scale_b": cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128],
-            "scale_a": cute.struct.Align[
-                cute.struct.MemRange[Uint8, stages * SCALE_STAGE_BYTES], 128],
-            "fp16_a": cute.struct.Align[
-                cute.struct.MemRange[Float16, cute.cosize(fa_layout)], 1024],
-            # Where a shared fp16 B tile was (the weights now go to wgmma in registers): kept,
-            # unused, so that the v2 cubins did not change.
-            "fp16_b": cute.struct.Align[cute.struct.MemRange[Float16, 16], 1024],
+                cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128],
+            "a16": cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024],
         }
+        fields["c_tile"] = cute.struct.Align[
+            cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
         self.shared_storage = cute.struct(
-            type("SharedStorage", (), {"__annotations__": v2_fields}))
-        if cutlass.const_expr(self.a_fp16):
-            a_slots = self.config.a_slots
-            a16_elems = cute.cosize(self._a16_layout())
-            sfb_stage_bytes = self.sfb_stage_bytes
-
-            fields = {
-                "mbar": cute.struct.MemRange[Int64, stages * 2],
-                "mbar_a": cute.struct.MemRange[Int64, a_slots * 2],
-            }
-            # The storers' look-ahead for the consumers: (k, first scale row) of the tile after
-            # the one being handed over. Inside the barriers' first KiB, so the size is
-            # config.smem_bytes's.
-            fields["next_tile"] = cute.struct.MemRange[Int32, 2]
-            # The C scale (_c_scale) of the tile being handed over, posted by the storers.
-            fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
-            fields |= {
-                "packed_b": cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
-                "scale_b": cute.struct.Align[
-                    cute.struct.MemRange[Uint8, stages * sfb_stage_bytes], 128],
-                "a16": cute.struct.Align[cute.struct.MemRange[Float16, a16_elems], 1024],
-            }
-            fields["c_tile"] = cute.struct.Align[
-                cute.struct.MemRange[self.c_dtype, c_tile_bytes(self.config) // 2], 1024]
-            self.shared_storage = cute.struct(
-                type("SharedStorageA16", (), {"__annotations__": fields}))
+            type("SharedStorageA16", (), {"__annotations__": fields}))
         self.smem_bytes = self.shared_storage.size_in_bytes()
         assert self.smem_bytes == smem_bytes(self.config), "config.smem_bytes is out of date"
         self.args = args
@@ -321,14 +281,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
             a_source=warpgroup.OperandSource.RMEM,
         )
 
-    def _fp16_a_layout(self) -> Any:
-        """v2's K-major 128B-swizzled fp16 A tiles (tile_m rows x 64 K), FP16_BUFFERS deep."""
-        return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
-                                             (self.tile_n, self.tile_m, SUB_K), Float16,
-                                             FP16_BUFFERS)
-
     def _a16_layout(self) -> Any:
-        """The fp16 A ring (a_fp16): K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
+        """The fp16 A ring: K-major 128B-swizzled (tile_m, 64) tiles, a_slots deep."""
         return sm90_utils.make_smem_layout_b(LayoutEnum.ROW_MAJOR,
                                              (self.tile_n, self.tile_m, SUB_K), Float16,
                                              self.config.a_slots)
@@ -381,8 +335,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
     def _run(self, atoms, problem_sizes, pointers, cta_prefix, workspace, grid_barrier, alpha,
              num_groups, tidx, warp_idx, bidx, grid) -> None:
         """The kernel body once the call's tables are in device memory (`atoms`: the B, A,
-        SFB and SFA templates)."""
-        tma_b, tma_a, tma_sfb, tma_sfa = atoms
+        SFB and SFA templates; SFA unused, _record_templates)."""
+        tma_b, tma_a, tma_sfb, _ = atoms
         # The runtime launches with the recorded dynamic smem; trap rather than corrupt memory
         # if a launch ever provides less.
         if cute.arch.dynamic_smem_size() < self.smem_bytes:
@@ -391,14 +345,10 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         storage = smem.allocate(self.shared_storage)
         # Read by the epilogues through _c_scale (in the CtaContext the roles get).
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
-        # What _context makes the CtaContext of, after each version has set up its pipelines.
+        # What _context makes the CtaContext of, once _kernel_a16 has set up its pipelines.
         tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
-        if cutlass.const_expr(self.a_fp16):
-            self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
-                             tidx, warp_idx)
-        else:
-            self._kernel_v2((tma_b, tma_a, tma_sfb, tma_sfa), storage, tables_, workspace, tidx,
-                            warp_idx)
+        self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
+                         tidx, warp_idx)
 
     @cute.jit
     def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
@@ -503,20 +453,6 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         power of two, so acc * (alpha * 2^14) rounds as (acc * 2^14) * alpha does."""
         return cta.alpha[group] * Float32(ACC_UNSCALE)
 
-    @cute.jit
-    def _store_tile(self, acc, coords, c_address: Int64, m: Int32, n: Int32, row0: Int32,
-                    col0: Int32, scale: Float32) -> None:
-        """Accumulator (B row, A row) * scale -> C[A row, B row] in out_dtype, skipping rows >= m,
-        cols >= n."""
-        c_ptr = cute.make_ptr(self.c_dtype, c_address, cute.AddressSpace.gmem, assumed_align=16)
-        c = cute.make_tensor(c_ptr, cute.make_layout((m, n), stride=(n, 1)))
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            b_row, a_row = coords[i]
-            row = row0 + a_row
-            col = col0 + b_row
-            if row < m and col < n:
-                c[row, col] = self.c_dtype(acc[i] * scale)
-
 
 def _check_dsl_arch(arch: str) -> None:
     """CUTE_DSL_ARCH is read once at `import cutlass`; a mismatch would silently target sm_100."""
@@ -587,14 +523,13 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
         block=block,
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
-        # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
-        grid={"policy": "persistent", "ctas_per_sm": 1,
-              **({"cooperative": True} if config.a_fp16 else {})},
+        # A grid-wide barrier (phase 1): the launch must be cooperative (all CTAs resident).
+        grid={"policy": "persistent", "ctas_per_sm": 1, "cooperative": True},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
             header_bytes=gemm.header_bytes,
-            bytes_per_a_element=2 if config.a_fp16 else 0,
+            bytes_per_a_element=2,
             extra_bytes_per_cta=gemm.trace_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": k_multiple(config),
                      "n_multiple": N_MULTIPLE},

@@ -132,21 +132,9 @@ def ld_shared_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32,
 
 
 @dsl_user_op
-def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
-    """8-byte shared-memory load at a 32-bit shared address."""
-    return _ld_words("ld.shared", _ir(addr, loc, ip), "r", 2, loc, ip)
-
-
-@dsl_user_op
 def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     """A 32-bit shared-memory load at a 32-bit shared address."""
     return _asm("ld.shared.b32 $0, [$1];", "=r,r", [_ir(addr, loc, ip)], loc, ip, True)
-
-
-@dsl_user_op
-def ld_shared_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
-    """A 16-bit shared-memory load, zero-extended."""
-    return _ld_u16("ld.shared", _ir(addr, loc, ip), "r", loc, ip)
 
 
 @dsl_user_op
@@ -154,12 +142,6 @@ def st_shared_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = No
                  ip: Any = None) -> None:
     """16-byte shared-memory store at a 32-bit shared address."""
     _st_words("st.shared", _ir(addr, loc, ip), "r", (w0, w1, w2, w3), loc, ip)
-
-
-@dsl_user_op
-def st_shared_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None) -> None:
-    """8-byte shared-memory store at a 32-bit shared address."""
-    _st_words("st.shared", _ir(addr, loc, ip), "r", (w0, w1), loc, ip)
 
 
 @dsl_user_op
@@ -193,7 +175,7 @@ def trap(*, loc: Any = None, ip: Any = None) -> None:
     _asm("trap;", "", [], loc, ip)
 
 
-# ---------------------------------------------------------------- grid barrier (a_fp16 staging)
+# ---------------------------------------------------------------- grid barrier (phase 1)
 
 
 @dsl_user_op

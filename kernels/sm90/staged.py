@@ -1,6 +1,7 @@
-"""v3 of the sm_90a kernel (Config.a_fp16): A is converted to fp16 once per call by every CTA
-(phase 1), a grid barrier follows, and the persistent tile loop TMA-loads fp16 A tiles into a
-ring the wgmma reads while the consumers convert only the weights (kernels/sm90/weights.py).
+"""v3 of the sm_90a kernel (the only one since issue 25 removed v2): A is converted to fp16
+once per call by every CTA (phase 1), a grid barrier follows, and the persistent tile loop
+TMA-loads fp16 A tiles into a ring the wgmma reads while the consumers convert only the weights
+(kernels/sm90/weights.py).
 This mixin of Sm90GroupedGemm (kernels/sm90/grouped_gemm.py, whose module docstring has the
 whole data path) sets up the pipelines, dispatches the roles and runs phase 1; the tile loop's
 roles are producer.py, consumer.py and epilogue.py."""
@@ -193,7 +194,7 @@ class StagedA:
         every thread but warp 0's (`tidx` counts from the first staging thread). Each
         thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
         them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
-        lands in shared memory exactly as the v2 kernel's own fp16 stores would place it.
+        lands in shared memory in the K order of the weights' register fragments.
         The chunks of all groups form one index space (group after group, rows in order, K
         chunks fastest), so a thread's chunks are spread over the whole call rather than
         handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any

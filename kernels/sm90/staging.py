@@ -1,4 +1,4 @@
-"""Where phase 1 of a_fp16 kernels reads and writes one chunk of A (no DSL import: CPU tests
+"""Where the kernel's phase 1 reads and writes one chunk of A (no DSL import: CPU tests
 check the same formulas the kernel traces, on Python ints).
 
 A group's A is staged in A_CHUNK_K-element chunks, numbered row-major: k // A_CHUNK_K chunks per

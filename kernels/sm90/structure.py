@@ -1,5 +1,5 @@
 """Layout facts of the sm_90a kernel that its parts share (kernels/sm90/grouped_gemm.py and the
-role mixins staged.py, per_tile.py, weights.py)."""
+role mixins: staged.py, producer.py, consumer.py, weights.py, ...)."""
 
 from __future__ import annotations
 
@@ -11,5 +11,7 @@ SUB_STEPS = K_TILE // SUB_K
 SCALE_BOX = (256, 2 * K_TILE // 64)
 # Warpgroup 0: producer (warp 0 issues TMA); one consumer warpgroup per 64 weight rows of the tile.
 WARPGROUP = 128
-# Operand order inside a descriptor set (with a_fp16, OP_A is the fp16 copy and OP_SFA unused).
-OP_B, OP_A, OP_SFB, OP_SFA = range(4)
+# Operand order inside a descriptor set of tma.MAPS_PER_SET maps (OP_A: the fp16 copy of A). The
+# fourth map (A's scales) is never patched: phase 1 reads them with plain loads. Its slot stays,
+# so the descriptor addresses (and the cubins) did not change when v2, which used it, went.
+OP_B, OP_A, OP_SFB = range(3)
