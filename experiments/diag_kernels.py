@@ -23,7 +23,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from kernels import tables
-from kernels.sm90 import grouped_gemm
+from kernels.sm90 import compile as sm90_compile
 from kernels.sm90.config import C_ROW_PAD, SUB_K
 from kernels.sm90.dequant import dequant_chunk, scales_w
 from kernels.sm90.epilogue import STORERS
@@ -392,5 +392,5 @@ def overrides(name: str) -> list[str]:
 
 def compile_kernel(config, *, arch: str, groups):
     """The build worker's entry (diag_families.py): the variant named by NVFP4_DIAG_VARIANT."""
-    return grouped_gemm.compile_kernel(config, arch=arch, groups=groups,
+    return sm90_compile.compile_kernel(config, arch=arch, groups=groups,
                                        kernel_class=variant_class(os.environ[ENV_VARIANT]))

@@ -34,7 +34,7 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "sm_90a": Family("sm90", sm90_config, "kernels.sm90.grouped_gemm"),
+    "sm_90a": Family("sm90", sm90_config, "kernels.sm90.compile"),
     "sm_100a": Family("sm100", sm100_config, "kernels.sm100.grouped_gemm"),
 }
 

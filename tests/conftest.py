@@ -69,7 +69,7 @@ NEEDS_DSL = pytest.mark.skipif(importlib.util.find_spec("cutlass") is None,
 _SM90_PRELUDE = f"""import json, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
 from kernels.sm90.config import Config
-from kernels.sm90.grouped_gemm import compile_kernel
+from kernels.sm90.compile import compile_kernel
 """
 
 

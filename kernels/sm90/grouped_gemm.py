@@ -43,8 +43,9 @@ Constraints: k % 64 == 0 (k % 256 with stream_a: config.k_multiple), n % 8 == 0,
 always is). Build:
     CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
 
-Code: this module holds the host-side trace (TMA templates, shared storage, launch), what the
-roles share (tables, tile walk, descriptor patching) and compile_kernel. The roles are mixins:
+Code: this module holds the host-side trace (TMA templates, shared storage, launch) and what the
+roles share (tables, tile walk, descriptor patching); compile.py compiles it (the builder's
+entry, with the build guards). The roles are mixins:
 staged.py (the role dispatch, phase 1 and the grid barrier), producer.py, consumer.py and
 epilogue.py (the tile loop: TMA loads, K loop, async epilogue), streamed.py (stream_a: staging
 overlapped with the tiles) and weights.py (weights into wgmma registers); structure.py has the
@@ -55,8 +56,6 @@ overrides.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -66,25 +65,15 @@ import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint8
 from cutlass.cute.nvgpu import OperandMajorMode, cpasync, warpgroup
-from cutlass.cute.runtime import make_ptr
 from cutlass.tensor_utils import LayoutEnum
 
 from kernels import tables
-from kernels.abi import CompiledKernel, KernelArgs
-from kernels.introspect import (
-    lowered_launch,
-    ptx_cluster_dims,
-    ptx_reqntid,
-    require_async_wgmma,
-    require_no_stack_frame,
-    subbyte_tma_geometry,
-    tma_swizzle,
-)
+from kernels.abi import KernelArgs
+from kernels.introspect import subbyte_tma_geometry, tma_swizzle
 
 from . import tma
 from .config import (
     K_TILE,
-    N_MULTIPLE,
     SCALE_ATOM_BYTES,
     SCALE_STAGE_BYTES,
     SUB_K,
@@ -453,84 +442,3 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         power of two, so acc * (alpha * 2^14) rounds as (acc * 2^14) * alpha does."""
         return cta.alpha[group] * Float32(ACC_UNSCALE)
 
-
-def _check_dsl_arch(arch: str) -> None:
-    """CUTE_DSL_ARCH is read once at `import cutlass`; a mismatch would silently target sm_100."""
-    env_arch = os.environ.get("CUTE_DSL_ARCH")
-    if env_arch != arch:
-        raise RuntimeError(
-            f"CUTE_DSL_ARCH must be {arch!r} before cutlass is imported, but got {env_arch!r}")
-
-
-def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, int]],
-                   kernel_class: type[Sm90GroupedGemm] | None = None) -> CompiledKernel:
-    """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
-    `kernel_class`: a subclass overriding some roles, for diagnostic builds only
-    (experiments/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
-    subclass (trace.py). The shipped kernels are Sm90GroupedGemm's."""
-    if kernel_class is None:
-        if config.device_offsets:
-            from .offsets import Sm90OffsetsGemm  # imports this module
-            kernel_class = Sm90OffsetsGemm
-        else:
-            from .trace import TracedSm90GroupedGemm  # imports this module
-            kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
-    if arch != "sm_90a":
-        raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
-    _check_dsl_arch(arch)
-    reasons = kernel_class.can_implement(config, groups)
-    if reasons:
-        raise ValueError("; ".join(reasons))
-    gemm = kernel_class(config)
-    i32 = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=16)
-    i64 = make_ptr(Int64, 16, cute.AddressSpace.gmem, assumed_align=16)
-    ws = make_ptr(Int64, 128, cute.AddressSpace.gmem, assumed_align=128)
-    f32 = make_ptr(Float32, 16, cute.AddressSpace.gmem, assumed_align=4)
-    if config.device_offsets:  # offs, a, b, sfa, sfb, c, ..., num_groups, rows, n, k, grid
-        offs = make_ptr(Int32, 16, cute.AddressSpace.gmem, assumed_align=4)
-        u8 = make_ptr(Uint8, 16, cute.AddressSpace.gmem, assumed_align=16)
-        call = (offs, u8, u8, u8, u8, u8, ws, ws, f32, *(Int32(1),) * 5)
-    else:  # problem_sizes, pointers, cta_prefix, ..., num_groups, grid
-        call = (i32, i64, i32, ws, ws, f32, Int32(1), Int32(1))
-    with tempfile.TemporaryDirectory(prefix="nvfp4_sm90_") as dump:
-        compiled = cute.compile(
-            gemm, *call,
-            options=f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}",
-        )
-        cubin, ptx = compiled.__cubin__, compiled.__ptx__
-    if not isinstance(cubin, bytes) or not ptx:
-        raise RuntimeError("the DSL returned no cubin/PTX (dump directory missing?)")
-    symbols = list(compiled.kernel_info)
-    if len(symbols) != 1:
-        raise RuntimeError(f"expected exactly one kernel in the module, but got {symbols}")
-    if not config.trace:  # a trace build spills a few per-tile values outside the K loop
-        require_no_stack_frame(cubin, symbols[0],
-                               "every role should fit its registers: check ptxas did not ignore "
-                               "setmaxnreg ('ignored to maintain minimum register requirements')")
-    if gemm.REQUIRE_ASYNC_WGMMA:
-        require_async_wgmma(cubin, symbols[0], "fewer accumulators or fragments per thread")
-    # Record what the DSL's own launcher would use, and check it against the kernel's own view.
-    launch = lowered_launch(compiled)
-    block = ptx_reqntid(ptx, symbols[0])
-    if launch["dynamic_smem"] != gemm.smem_bytes or tuple(launch["block"]) != block:
-        raise RuntimeError(f"launcher uses smem {launch['dynamic_smem']} and block "
-                           f"{launch['block']}, the kernel expects {gemm.smem_bytes} and {block}")
-    return CompiledKernel(
-        symbol=symbols[0],
-        cubin=cubin,
-        ptx=ptx,
-        params=gemm.args.params(),
-        block=block,
-        cluster=ptx_cluster_dims(ptx, symbols[0]),
-        dynamic_smem=launch["dynamic_smem"],
-        # A grid-wide barrier (phase 1): the launch must be cooperative (all CTAs resident).
-        grid={"policy": "persistent", "ctas_per_sm": 1, "cooperative": True},
-        tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
-        tables=tables.tables_record(
-            gemm.desc_sets * tma.MAPS_PER_SET,
-            header_bytes=gemm.header_bytes,
-            bytes_per_a_element=2,
-            extra_bytes_per_cta=gemm.trace_bytes),
-        constraints={"groups": [list(g) for g in groups], "k_multiple": k_multiple(config),
-                     "n_multiple": N_MULTIPLE},
-    )
