@@ -37,7 +37,9 @@ def check_serves(e: KernelEntry) -> None:
     """The served shapes: positive n, k (dynamic m), int32 cells and m * n < 2^31 (exact)."""
     s = e.serves
     if s.dynamic_m:
-        for i, (n, k) in enumerate(s.groups):
+        # An expert set repeats one row E times (manifest._rows shares it): check it once.
+        rows = s.groups[:1] if s.groups.count(s.groups[0]) == len(s.groups) else s.groups
+        for i, (n, k) in enumerate(rows):
             if n <= 0 or k <= 0:
                 raise ManifestError(f"kernel {e.name!r}: serves.dynamic_m.groups[{i}] must "
                                     f"have n, k > 0, but got {[n, k]}")

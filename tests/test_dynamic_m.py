@@ -209,6 +209,17 @@ _CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
      "m.sets[0].serves.dynamic_m.groups[0] must be a list of 2 ints, but got [1, 4096, 7168]"),
     ({"dynamic_m": {"groups": [[4096, 0]], "max_m": None}},
      f"{_CHECKED}.groups[0] must have n, k > 0, but got [4096, 0]"),
+    # An expert set's E equal rows are parsed and checked as one (manifest._rows): a row that
+    # differs only in type, or a bad value in every row, is still found and named.
+    ({"dynamic_m": {"groups": [[4096, 7168]] * 5 + [[4096.0, 7168]] + [[4096, 7168]] * 2,
+                    "max_m": None}},
+     "m.sets[0].serves.dynamic_m.groups[5] must be a list of 2 ints, but got [4096.0, 7168]"),
+    ({"dynamic_m": {"groups": [[4096, 7168]] * 3 + [[4096, True]], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.groups[3] must be a list of 2 ints, but got [4096, True]"),
+    ({"dynamic_m": {"groups": [[4096, -1]] * 4, "max_m": None}},
+     f"{_CHECKED}.groups[0] must have n, k > 0, but got [4096, -1]"),
+    ({"dynamic_m": {"groups": [[4096, 7168]] * 3 + [[4096, -1]], "max_m": None}},
+     f"{_CHECKED}.groups[3] must have n, k > 0, but got [4096, -1]"),
     ({"dynamic_m": {"groups": NK, "max_m": 0}},
      f"{_CHECKED}.max_m must be a positive int below 2^31 or null, but got 0"),
     ({"dynamic_m": {"groups": NK, "max_m": True}},
