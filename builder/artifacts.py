@@ -14,7 +14,6 @@ must equal a full build byte for byte). Compile times are printed in the build s
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -141,7 +140,7 @@ def _salvage(directory: Path, why: ManifestError) -> Existing:
     if not notes:  # every kernel parses alone: the damage is in the set records
         notes.append(f"the existing set records cannot be reused ({why}); the spec gives them "
                      "again")
-    return Existing(dataclasses.replace(first, kernels=tuple(good)), frozenset(names),
+    return Existing(first.replace(kernels=tuple(good)), frozenset(names),
                     tuple(notes))
 
 
@@ -256,7 +255,7 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
     fingerprint, shard = check_shards(loaded)
     first_m = loaded[0][1] if loaded else None
     # Each entry keeps the kernel record of the directory its cubin is copied from.
-    entries = [dataclasses.replace(e, kernel=cubins[e.key][1]) for _, e in chosen.values()]
+    entries = [e.replace(kernel=cubins[e.key][1]) for _, e in chosen.values()]
     manifest = make_manifest(entries, first_m.builder_version if first_m else "",
                              first_m.dsl_version if first_m else "", fingerprint, shard)
     return manifest, list(cubins.values())

@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from cuda.bindings import driver
 
 from .errors import CudaError
+from .records import Record
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _lock = threading.Lock()
@@ -68,8 +68,7 @@ def _attr(dev: driver.CUdevice, attr: driver.CUdevice_attribute) -> int:
     return int(check(driver.cuDeviceGetAttribute(attr, dev), f"cuDeviceGetAttribute({attr.name})"))
 
 
-@dataclass(frozen=True)
-class Device:
+class Device(Record):
     """What the runtime reads from a device once: never baked into a cubin (Runtime rules)."""
 
     ordinal: int

@@ -12,12 +12,12 @@ import hashlib
 import struct
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .errors import ArtifactError, CudaError
 from .manifest import ARCH_CAPABILITY, KernelEntry, Manifest, load_manifest
+from .records import Record
 
 _ELF_MAGIC = b"\x7fELF"
 _EM_CUDA = 190
@@ -222,8 +222,7 @@ def check_cubin_for_device(image: bytes, capability: tuple[int, int], label: str
     return arch
 
 
-@dataclass(frozen=True)
-class LoadedKernel:
+class LoadedKernel(Record):
     """A kernel bound to one device: the CUfunction to launch and what the driver reported."""
 
     entry: KernelEntry

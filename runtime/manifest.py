@@ -21,13 +21,13 @@ selects among `sets` and launches the entry's kernel.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
 from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
 from .formats import TABLE_DTYPES
+from .records import Record, asdict, fields
 
 SCHEMA_VERSION = 2  # 2: kernels content-addressed, sets point at them (issue 25)
 MANIFEST_NAME = "manifest.json"
@@ -78,8 +78,7 @@ TMA_L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("NONE", "NAN_REQUEST_ZERO_FMA")
 
 
-@dataclass(frozen=True)
-class TmaGeometry:
+class TmaGeometry(Record):
     """Arguments of `cuTensorMapEncodeTiled` for a template. Dims and strides describe a placeholder
     tensor: the kernel patches address, dims and strides per group in its workspace, so only
     dtype, rank, box, element strides, swizzle, interleave, promotion and fill must be exact."""
@@ -95,8 +94,7 @@ class TmaGeometry:
     oob_fill: str = "NONE"
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(Record):
     name: str
     kind: str
     offset: int
@@ -115,8 +113,7 @@ class Param:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Grid:
+class Grid(Record):
     """How many CTAs to launch: persistent, min(tiles, SMs x ctas_per_sm) rounded up to whole
     clusters; every_sm: SMs x ctas_per_sm whatever the tile count; cooperative: the kernel has
     a grid-wide barrier, so the launch must make every CTA resident."""
@@ -135,8 +132,7 @@ class Grid:
         return out
 
 
-@dataclass(frozen=True)
-class Tile:
+class Tile(Record):
     """The output tile the CTA prefix table counts (k: the K step, informational)."""
 
     m: int
@@ -147,8 +143,7 @@ class Tile:
         return {"m": self.m, "n": self.n, **({"k": self.k} if self.k is not None else {})}
 
 
-@dataclass(frozen=True)
-class TableFormat:
+class TableFormat(Record):
     """An integer device table: element type and, for 2-D tables, the column order."""
 
     dtype: str
@@ -158,8 +153,7 @@ class TableFormat:
         return {"dtype": self.dtype, **({"columns": list(self.columns)} if self.columns else {})}
 
 
-@dataclass(frozen=True)
-class Workspace:
+class Workspace(Record):
     """The tensormap workspace (kernels/tables.py): header_bytes zeroed by the runtime, then
     bytes_per_cta per launched CTA, then bytes_per_a_element per element of every group's A."""
 
@@ -177,30 +171,27 @@ class Workspace:
         return out
 
 
-@dataclass(frozen=True)
-class Tables:
+class Tables(Record):
     problem_sizes: TableFormat
     pointers: TableFormat
     cta_prefix: TableFormat
     tensormap_workspace: Workspace
 
     def record(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name).record() for f in fields(self)}
+        return {k: getattr(self, k).record() for k in fields(self)}
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Record):
     """Per-group shape rules of a kernel: k and n must be multiples of these."""
 
     k_multiple: int = 1
     n_multiple: int = 1
 
     def record(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != 1}
+        return {k: getattr(self, k) for k in fields(self) if getattr(self, k) != 1}
 
 
-@dataclass(frozen=True)
-class Serves:
+class Serves(Record):
     """What a set serves with its kernel: exactly `groups` ((m, n, k) rows), or, with
     dynamic_m, every call with `groups` as its (n, k) rows in order and any m >= 0 per group,
     up to max_m when that is not None."""
@@ -216,8 +207,7 @@ class Serves:
         return {"groups": rows}
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(Record):
     """One compiled kernel, content-addressed: `key` hashes (family, arch, config with acc
     stages and out dtype, kernel sources, DSL versions, builder version, Python), never a
     set's name or shapes, so every set one kernel serves shares this record and its cubin."""
@@ -267,7 +257,7 @@ class Kernel:
         return max((p.offset + p.size for p in self.params), default=0)
 
     def record(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: getattr(self, k) for k in fields(self)}
         for name in ("grid", "tile", "tables", "limits"):
             out[name] = out[name].record()
         out["params"] = [asdict(p) for p in self.params]
@@ -279,8 +269,7 @@ _DELEGATED = ("key", "family", "options", "symbol", "cubin", "sha256", "cubin_by
               "params", "takes_alpha", "takes_offsets", "takes_masked", "param_bytes")
 
 
-@dataclass(frozen=True)
-class KernelEntry:
+class KernelEntry(Record):
     """One served (set, arch, acc stages, out dtype): what the dispatch selects and the
     launcher runs. Its launch data is its `kernel`'s (read through the same attribute names
     as before schema 2: entry.symbol, entry.tile, entry.params, ...)."""
@@ -310,8 +299,7 @@ class KernelEntry:
                 "kernel": self.kernel.key, "serves": self.serves.record()}
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(Record):
     schema_version: int
     builder_version: str
     dsl_version: str

@@ -7,7 +7,6 @@ synthetic cubins, a directory that verifies.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -200,4 +199,4 @@ def test_a_cubins_directory_symlinked_out_is_refused(art: Path, tmp_path: Path) 
     os.symlink(_outside_copy(art, tmp_path, "cubins"), art / "cubins")
     assert len([p for p in verify_dir(art) if "must be inside" in p]) == 1  # one kernel serves the three sets
     with pytest.raises(ArtifactError, match="a symlink out of it"):
-        ArtifactStore(art).read_cubin(dataclasses.replace(e))
+        ArtifactStore(art).read_cubin(e.replace())

@@ -10,7 +10,6 @@ load tampered copies for real (skipped without a GPU).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import random
@@ -348,7 +347,7 @@ def test_cubin_for_another_arch_than_the_device_without_a_gpu(art: Path) -> None
                                             r"cuda:0 \(NVIDIA B200"):
         check_device(e90, (10, 0), B200)
     # An entry relabelled for the device, its cubin still sm_100a: the ELF check refuses it.
-    lying = dataclasses.replace(e100, arch="sm_90a")
+    lying = e100.replace(arch="sm_90a")
     with pytest.raises(ArtifactError, match=r"must target sm_90a \(manifest\), but its ELF "
                                             r"header says sm_100a$"):
         store.read_cubin_for_device(lying, (9, 0), H200)

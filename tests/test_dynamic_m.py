@@ -16,7 +16,6 @@ The GPU halves (real kernels, 20 random m vectors bit-exact) are in tests/test_r
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import itertools
 import json
 import struct
@@ -691,7 +690,7 @@ def test_workspace_map_is_bounded(dev) -> None:
 def test_plan_entry_dataclass_is_untouched_by_dynamic_constraints() -> None:
     # make_plan only reads tile, grid and tables: a dynamic entry plans any m.
     e = dyn_entry(max_m=None)
-    plan = make_plan(dataclasses.replace(e), ((0, 4096, 7168), (13, 7168, 2048)), 132)
+    plan = make_plan(e.replace(), ((0, 4096, 7168), (13, 7168, 2048)), 132)
     assert plan.cta_prefix == (0, 0, 56)
 
 

@@ -8,7 +8,6 @@ tests do not depend on the kernels or the builder.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -163,17 +162,16 @@ def entry(name: str = "dense.sm_90a.acc1.f16", *, set_: str = "dense", arch: str
         tables=tables_of(TABLES), limits=limits,
         params=params if params is not None else sm90_params(),
     )
-    k = dataclasses.replace(k, **{f: _typed(f, v) for f, v in over.items()
-                                  if f not in _ENTRY_FIELDS})
+    k = k.replace(**{f: _typed(f, v) for f, v in over.items() if f not in _ENTRY_FIELDS})
     e = KernelEntry(name=name, set=set_, arch=arch, acc_stages=k.acc_stages,
                     out_dtype=k.out_dtype, serves=serves, kernel=k)
-    return dataclasses.replace(e, **{f: v for f, v in over.items() if f in _ENTRY_FIELDS}), image
+    return e.replace(**{f: v for f, v in over.items() if f in _ENTRY_FIELDS}), image
 
 
 def swap(e: KernelEntry, **kernel_fields: Any) -> KernelEntry:
     """`e` served by a copy of its kernel with these fields replaced."""
-    return dataclasses.replace(e, kernel=dataclasses.replace(
-        e.kernel, **{f: _typed(f, v) for f, v in kernel_fields.items()}))
+    return e.replace(kernel=e.kernel.replace(
+        **{f: _typed(f, v) for f, v in kernel_fields.items()}))
 
 
 def write_artifacts(root: Path, entries: list[tuple[KernelEntry, bytes]]) -> Path:
@@ -329,7 +327,7 @@ def test_param_layout_accepts_the_h200_parameter_base() -> None:
     check_param_layout(e100, shifted)
     # A manifest whose offsets are not its own (size, align) packing is rejected first.
     tampered = swap(e, params=params[:-1] + (
-        dataclasses.replace(params[-1], offset=164),))
+        params[-1].replace(offset=164),))
     with pytest.raises(ArtifactError, match=r"parameter 5 'num_groups' must be at offset 160 "
                                             r"\(its size and alignment after the previous "
                                             r"parameters\), but the manifest records offset 164"):
@@ -568,7 +566,7 @@ def test_tma_encode_args_map_names_to_driver_enums() -> None:
                         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     with pytest.raises(ManifestError, match=r"TMA dtype 'FLOAT8' is not supported by this "
                                             r"cuda.bindings"):
-        encode_args(dataclasses.replace(geo, dtype="FLOAT8"), 0x7F0000000000)
+        encode_args(geo.replace(dtype="FLOAT8"), 0x7F0000000000)
     with pytest.raises(ValueError, match="16-byte aligned"):
         encode_args(geo, 0x7F0000000008)
 
@@ -836,7 +834,7 @@ def test_schema1_artifacts_get_an_error_naming_the_schema(tmp_path: Path) -> Non
 
 def test_sets_share_one_kernel_record(tmp_path: Path) -> None:
     a, image = entry("a.sm_90a.acc1.f16", set_="a")
-    b = dataclasses.replace(a, name="b.sm_90a.acc1.f16", set="b",
+    b = a.replace(name="b.sm_90a.acc1.f16", set="b",
                             serves=Serves(((64, 3072, 4096),)))
     store = ArtifactStore(write_artifacts(tmp_path, [(a, image), (b, image)]))
     assert len(store.manifest.kernels) == 1 and len(store.kernels) == 2

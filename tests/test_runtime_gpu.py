@@ -9,7 +9,6 @@ separately; here results are compared with the same kernel's eager results, bit 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import random
@@ -245,7 +244,7 @@ def test_tampered_abi_is_an_artifact_error(gg, entries, tmp_path: Path) -> None:
 def test_kernel_for_another_arch_is_refused(gg, entries) -> None:
     rt = gg.device_runtime(0)
     other = "sm_100a" if rt.arch == "sm_90a" else "sm_90a"
-    e = dataclasses.replace(entries[0], name="other-arch", arch=other)
+    e = entries[0].replace(name="other-arch", arch=other)
     with pytest.raises(ArtifactError, match=f"is built for {other}, which needs compute "
                                             "capability"):
         gg.store.kernel(e, rt.device)
