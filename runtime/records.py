@@ -34,23 +34,27 @@ class Record(metaclass=_RecordMeta):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         names = self._fields
-        if len(args) > len(names):
-            raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional "
-                            f"arguments, but got {len(args)}")
-        values = dict(zip(names, args))
-        for k, v in kwargs.items():
-            if k not in names:
-                raise TypeError(f"{type(self).__name__} has no field {k!r}")
-            if k in values:
-                raise TypeError(f"{type(self).__name__} got field {k!r} twice")
-            values[k] = v
+        if args:
+            if len(args) > len(names):
+                raise TypeError(f"{type(self).__name__} takes at most {len(names)} positional "
+                                f"arguments, but got {len(args)}")
+            for k in names[:len(args)]:
+                if k in kwargs:
+                    raise TypeError(f"{type(self).__name__} got field {k!r} twice")
+            kwargs.update(zip(names, args))
+        # One pass, no intermediate dict: the manifest builds some 1,800 records at load.
+        setter, defaults, used = object.__setattr__, self._defaults, 0
         for k in names:
-            if k in values:
-                object.__setattr__(self, k, values[k])
-            elif k in self._defaults:
-                object.__setattr__(self, k, self._defaults[k])
+            if k in kwargs:
+                setter(self, k, kwargs[k])
+                used += 1
+            elif k in defaults:
+                setter(self, k, defaults[k])
             else:
                 raise TypeError(f"{type(self).__name__} is missing field {k!r}")
+        if used != len(kwargs):
+            unknown = next(k for k in kwargs if k not in names)
+            raise TypeError(f"{type(self).__name__} has no field {unknown!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"cannot assign to field {name!r} of a frozen "
