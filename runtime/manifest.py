@@ -29,7 +29,9 @@ from .errors import ManifestError
 from .formats import TABLE_DTYPES
 from .records import Record, asdict, fields
 
-SCHEMA_VERSION = 2  # 2: kernels content-addressed, sets point at them (issue 25)
+# 2: kernels content-addressed, sets point at them (issue 25). 3: an expert set's E equal
+# (n, k) rows are written once, `experts: E` (cold start, eighteenth session).
+SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -70,7 +72,8 @@ def kernel_record_name(family: str, arch: str, acc_stages: int, out_dtype: str, 
     return f"{family}.{arch}.acc{acc_stages}.{OUT_DTYPE_SHORT[out_dtype]}.{key[:12]}"
 
 
-_DYNAMIC_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
+_DYNAMIC_FORM = ('{"groups": [[n, k], ...], "max_m": int or null} or '
+                 '{"experts": E, "group": [n, k], "max_m": int or null}')
 TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B",
               "16U4_ALIGN16B")
 TMA_SWIZZLES = ("NONE", "32B", "64B", "128B")
@@ -201,10 +204,15 @@ class Serves(Record):
     max_m: int | None = None
 
     def record(self) -> dict[str, Any]:
-        rows = [list(g) for g in self.groups]
         if self.dynamic_m:
-            return {"dynamic_m": {"groups": rows, "max_m": self.max_m}}
-        return {"groups": rows}
+            g = self.groups
+            if len(g) > 1 and g.count(g[0]) == len(g):
+                # An expert set: E equal rows written once. The default manifest's expert sets
+                # held some 18,000 rows, and parsing them was a quarter of runtime.load.
+                return {"dynamic_m": {"experts": len(g), "group": list(g[0]),
+                                      "max_m": self.max_m}}
+            return {"dynamic_m": {"groups": [list(r) for r in g], "max_m": self.max_m}}
+        return {"groups": [list(r) for r in self.groups]}
 
 
 class Kernel(Record):
@@ -510,13 +518,19 @@ def _parse_serves(r: _Reader) -> Serves:
         raise ManifestError(f"{r.path} must have either groups (exact shapes) or dynamic_m, "
                             "not both")
     dyn = r.obj["dynamic_m"]
-    if not isinstance(dyn, dict) or "groups" not in dyn:
+    if not isinstance(dyn, dict) or ("groups" in dyn) == ("experts" in dyn):
         raise ManifestError(f"{r.path}.dynamic_m must be an object {_DYNAMIC_FORM}, "
                             f"but got {dyn!r}")
     d = _Reader(dyn, f"{r.path}.dynamic_m")
     max_m = dyn.get("max_m")
     if max_m is not None and (isinstance(max_m, bool) or not isinstance(max_m, int)):
         raise ManifestError(f"{d.path}.max_m must be a positive int or null, but got {max_m!r}")
+    if "experts" in dyn:
+        experts = d.get("experts", int)
+        if experts < 1:
+            raise ManifestError(f"{d.path}.experts must be a positive int, but got {experts}")
+        row = d.ints("group", 2)
+        return Serves(groups=(row,) * experts, dynamic_m=True, max_m=max_m)
     return Serves(groups=_rows(d, "groups", 2), dynamic_m=True, max_m=max_m)
 
 
@@ -591,8 +605,10 @@ def _parse_entry(r: _Reader, kernels: dict[str, Kernel]) -> KernelEntry:
 def _check_version(r: _Reader, source: str) -> int:
     version = r.get("schema_version", int)
     if version != SCHEMA_VERSION:
-        old = (" (schema 1 gave every set its own cubin; schema 2 shares one per distinct kernel)"
-               if version == 1 else "")
+        old = {1: " (schema 1 gave every set its own cubin; schema 2 shares one per distinct "
+                  "kernel)",
+               2: " (schema 2 wrote an expert set's E equal (n, k) rows out; schema 3 writes "
+                  "one, with `experts`)"}.get(version, "")
         raise ManifestError(
             f"{source}: schema_version must be {SCHEMA_VERSION}, but got {version}{old}; "
             "rebuild the artifacts with this version of build_kernels.py"

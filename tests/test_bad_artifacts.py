@@ -209,16 +209,19 @@ def test_manifest_not_an_object(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("version,message", [
-    (SCHEMA_VERSION + 1, ("schema_version must be 2, but got 3; rebuild the artifacts with "
+    (SCHEMA_VERSION + 1, ("schema_version must be 3, but got 4; rebuild the artifacts with "
                           "this version of build_kernels.py")),
-    (1, ("schema_version must be 2, but got 1 (schema 1 gave every set its own cubin; schema 2 "
+    (1, ("schema_version must be 3, but got 1 (schema 1 gave every set its own cubin; schema 2 "
          "shares one per distinct kernel); rebuild the artifacts with this version of "
          "build_kernels.py")),
-    (0, ("schema_version must be 2, but got 0; rebuild the artifacts with this version of "
+    (2, ("schema_version must be 3, but got 2 (schema 2 wrote an expert set's E equal (n, k) "
+         "rows out; schema 3 writes one, with `experts`); rebuild the artifacts with this "
+         "version of build_kernels.py")),
+    (0, ("schema_version must be 3, but got 0; rebuild the artifacts with this version of "
          "build_kernels.py")),
     ("1", ".schema_version must be int, but got str"),
     (None, ".schema_version is missing"),
-], ids=["newer", "schema1", "older", "string", "missing"])
+], ids=["newer", "schema1", "schema2", "older", "string", "missing"])
 def test_unknown_schema_version(art: Path, version: Any, message: str) -> None:
     path = art / MANIFEST_NAME
     obj = json.loads(path.read_text())

@@ -183,7 +183,7 @@ def test_build_writes_manifest_and_content_addressed_cubins(fake: Fake, tmp_path
         n in COMPILED for n in NAMES]
     assert len(fake.compiles()) == 4
     m = load_manifest(out)
-    assert (m.schema_version, m.builder_version, m.dsl_version) == (2, BUILDER_VERSION,
+    assert (m.schema_version, m.builder_version, m.dsl_version) == (3, BUILDER_VERSION,
                                                                     dsl_version())
     assert [e.name for e in m.sets] == NAMES
     items = {it.name: it for it in plan(fake)}
@@ -601,7 +601,7 @@ def test_verify_catches_altered_missing_wrong_arch_and_stray(fake: Fake, tmp_pat
 def test_verify_reports_an_invalid_manifest(tmp_path: Path) -> None:
     (tmp_path / MANIFEST_NAME).write_text('{"schema_version": 9}')
     assert verify_dir(tmp_path) == [
-        (f"{tmp_path / MANIFEST_NAME}: schema_version must be 2, but got 9; rebuild the "
+        (f"{tmp_path / MANIFEST_NAME}: schema_version must be 3, but got 9; rebuild the "
          "artifacts with this version of build_kernels.py")]
 
 

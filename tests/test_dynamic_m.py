@@ -40,7 +40,7 @@ from runtime import api, device_tables
 from runtime.dispatch import KernelIndex, dynamic_groups
 from runtime.entry_rules import check_kernel
 from runtime.errors import InputError, ManifestError, NoKernelError
-from runtime.manifest import load_manifest, make_manifest, parse_manifest
+from runtime.manifest import Serves, load_manifest, make_manifest, parse_manifest
 from runtime.nvfp4 import make_grouped_problem, reference_grouped_gemm
 from runtime.plan import make_plan
 from runtime.validate import _fast, blocked_scale_numel
@@ -192,7 +192,8 @@ def test_dispatch_reads_the_dynamic_m_record() -> None:
     assert dynamic_groups(entry()[0]) is None
 
 
-_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
+_FORM = ('{"groups": [[n, k], ...], "max_m": int or null} or '
+         '{"experts": E, "group": [n, k], "max_m": int or null}')
 _CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
 
 
@@ -223,6 +224,22 @@ _CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
      f"{_CHECKED}.max_m must be a positive int below 2^31 or null, but got 0"),
     ({"dynamic_m": {"groups": NK, "max_m": True}},
      "m.sets[0].serves.dynamic_m.max_m must be a positive int or null, but got True"),
+    # The expert-set form (schema 3): E and one (n, k).
+    ({"dynamic_m": {"experts": 4, "group": [4096, 7168], "groups": NK, "max_m": None}},
+     f"m.sets[0].serves.dynamic_m must be an object {_FORM}, but got {{'experts': 4, 'group': "
+     f"[4096, 7168], 'groups': [[4096, 7168], [7168, 2048]], 'max_m': None}}"),
+    ({"dynamic_m": {"experts": 0, "group": [4096, 7168], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.experts must be a positive int, but got 0"),
+    ({"dynamic_m": {"experts": True, "group": [4096, 7168], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.experts must be int, but got bool"),
+    ({"dynamic_m": {"experts": 4, "group": [4096, 7168, 1], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.group must have 2 entries, but has 3"),
+    ({"dynamic_m": {"experts": 4, "group": [4096, 7168.0], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.group[1] must be int, but got float"),
+    ({"dynamic_m": {"experts": 4, "max_m": None}},
+     "m.sets[0].serves.dynamic_m.group is missing"),
+    ({"dynamic_m": {"experts": 4, "group": [4096, -1], "max_m": None}},
+     f"{_CHECKED}.groups[0] must have n, k > 0, but got [4096, -1]"),
 ])
 def test_manifest_rejects_malformed_dynamic_m(serves: dict, message: str) -> None:
     """The set record's serves is checked once, at parse (load, verify, package, reuse)."""
@@ -877,3 +894,20 @@ def test_header_workspace_is_zeroed_and_not_shared(dev, monkeypatch) -> None:
     assert slots(p_staged)[1] == ws_staged[2] and slots(p_plain)[1] == ws_plain[2]
     # An eager launch's grid barrier is its workspace's zeroed header.
     assert barrier == ws_staged[2]
+
+
+def test_an_expert_set_is_written_as_e_and_one_row() -> None:
+    """Schema 3: E equal (n, k) rows are written once (`experts`), read back as E rows; a set
+    of different rows keeps the list; both round-trip through the JSON."""
+    experts = Serves(groups=((2048, 768),) * 128, dynamic_m=True, max_m=512)
+    assert experts.record() == {"dynamic_m": {"experts": 128, "group": [2048, 768],
+                                              "max_m": 512}}
+    mixed = Serves(groups=((4096, 7168), (7168, 2048)), dynamic_m=True, max_m=None)
+    assert mixed.record() == {"dynamic_m": {"groups": [[4096, 7168], [7168, 2048]],
+                                            "max_m": None}}
+    one = Serves(groups=((2048, 768),), dynamic_m=True, max_m=None)
+    assert one.record() == {"dynamic_m": {"groups": [[2048, 768]], "max_m": None}}
+    for serves in (experts, mixed, one):
+        obj = json.loads(make_manifest([dyn_entry("x.sm_90a.acc1.f16")], "t", "d").to_json())
+        obj["sets"][0]["serves"] = json.loads(json.dumps(serves.record()))
+        assert parse_manifest(obj, "m").sets[0].serves == serves

@@ -215,7 +215,7 @@ def test_wrong_schema_version(tmp_path: Path) -> None:
     with pytest.raises(ManifestError) as exc:
         ArtifactStore(tmp_path)
     assert str(exc.value) == (
-        f"{tmp_path / 'manifest.json'}: schema_version must be 2, but got 99; rebuild the "
+        f"{tmp_path / 'manifest.json'}: schema_version must be 3, but got 99; rebuild the "
         "artifacts with this version of build_kernels.py")
 
 
@@ -827,7 +827,7 @@ def test_schema1_artifacts_get_an_error_naming_the_schema(tmp_path: Path) -> Non
     with pytest.raises(ManifestError) as exc:
         ArtifactStore(tmp_path)
     assert str(exc.value) == (
-        f"{tmp_path / 'manifest.json'}: schema_version must be 2, but got 1 (schema 1 gave every "
+        f"{tmp_path / 'manifest.json'}: schema_version must be 3, but got 1 (schema 1 gave every "
         "set its own cubin; schema 2 shares one per distinct kernel); rebuild the artifacts with "
         "this version of build_kernels.py")
 
