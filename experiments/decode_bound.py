@@ -8,6 +8,7 @@ read off.
 Per layer (a decode set's bf16 entry), routings of its max rows:
   none      offs all 0: no tiles (the prologue, phase 1 and the grid barrier alone)
   h x r     h experts hit (spread over E), r rows each: h * ceil(r / tile_m) * N / tile_n tiles
+  T x k     with --route T: bench_models' skewed top-k routing of T tokens (its seed)
 Each line: us (CUDA-event median over graph replays rotating > 3x L2 of weight copies), tiles,
 tiles per CTA (the most any CTA runs), the bytes of the hit experts' weights and scales, and
 the rate those bytes moved at, beside the run's copy bandwidth through the SMs.
@@ -31,6 +32,7 @@ from bench_models import (
     expert_layers,
     layer_weight_bytes,
     make_inputs,
+    route,
     sm_copy_gbs,
     weight_sets,
 )
@@ -67,7 +69,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--profile", action="store_true",
                     help="for a profiler (experiments/ncu.sh): each --only layer's E x 16 "
-                         "routing, 3 eager launches on one weight copy, no timing")
+                         "routing (or --route's), 3 eager launches on one weight copy, no "
+                         "timing")
+    ap.add_argument("--route", type=int, nargs="*", default=[], metavar="T",
+                    help="also bench_models' routing of T tokens, top-8 (capped at E)")
     args = ap.parse_args()
     gg = runtime.load(args.artifacts)
     rt = gg.device_runtime()
@@ -84,8 +89,11 @@ def main() -> int:
         wsets = [Weights(layer, 11 + i) for i in range(copies)]
         per_expert = n * k // 2 + blocked_scale_numel(n, k)
         op = rt.offsets_plan(entry, e, n, k, t)
-        for label, hit, r in ([(f"{e}x16", e, 16)] if args.profile else routings(e)):
-            counts = counts_for(e, hit, r)
+        routed = {f"{tok}x{min(8, e)}": route(tok, e, min(8, e), 26) for tok in args.route}
+        cases = ([(f"{e}x16", e, 16)] if not routed else []) if args.profile else routings(e)
+        for label, hit, r in cases + [(lab, None, None) for lab in routed]:
+            counts = routed[label] if hit is None else counts_for(e, hit, r)
+            hit = sum(1 for c in counts if c)
             inp = make_inputs(layer, counts, 5) if sum(counts) else None
             rows_used = sum(counts)
             a = torch.zeros(t, k // 2, dtype=torch.uint8, device="cuda")
@@ -109,12 +117,15 @@ def main() -> int:
             graphs = [capture(lambda w=w, o=o: call(w, o)) for w, o in zip(wsets, outs)]
             us = time_graphs(graphs, args.reps)
             del graphs
-            tiles = sum(-(-c // tile_m) for c in counts) * (-(-n // tile_n))
+            m_tiles = sum(-(-c // tile_m) for c in counts)
+            tiles = m_tiles * (-(-n // tile_n))
             wbytes = hit * per_expert
+            # Each m-tile of an expert streams its weights again (L2 may serve the repeats).
             line = (f"{layer.set:28s} {label:>8s} {us:8.1f} us  tiles {tiles:5d} "
                     f"({-(-tiles // op.grid) if tiles else 0:3d}/CTA)  weights "
                     f"{wbytes / 1e6:7.1f} MB  {wbytes / us / 1e3 if us else 0:6.0f} GB/s "
-                    f"({100 * wbytes / us / 1e3 / gbs:4.0f}% of reads)")
+                    f"({100 * wbytes / us / 1e3 / gbs:4.0f}% of reads)  m-tiles/expert "
+                    f"{m_tiles / hit if hit else 0:4.2f}")
             print(line, flush=True)
             lines.append(line)
         del wsets

@@ -2,7 +2,8 @@
 # Nsight Compute profile of our sm_90a kernel on one benchmark set (on the GPU machine):
 #   bash experiments/ncu.sh [SET] [ARTIFACTS]
 #   bash experiments/ncu.sh serving:LAYER [ARTIFACTS]   # a decode set through the serving call
-#                                                       # (experiments/decode_bound.py --profile)
+#                                                       # (experiments/decode_bound.py --profile;
+#                                                       # DECODE_ARGS="--route 64": that routing)
 # Writes to $OUT (or ./ncu_out): the report, the raw metrics as CSV, the details page and the
 # per-SASS-instruction source page (stall samples per instruction), then prints the lines that
 # say what limits the kernel. Clocks are not locked (--clock-control none), as in bench runs.
@@ -17,7 +18,8 @@ if [ -z "$NCU" ]; then echo "ncu not found"; exit 3; fi
 export PYTHONPATH=.
 if [[ $SET == serving:* ]]; then
     SET=${SET#serving:}
-    TARGET=(python experiments/decode_bound.py --artifacts "$ART" --only "$SET" --profile)
+    TARGET=(python experiments/decode_bound.py --artifacts "$ART" --only "$SET" --profile
+            ${DECODE_ARGS:-})
 else
     TARGET=(python experiments/profile_target.py --artifacts "$ART" --set "$SET" --iters 2)
 fi
@@ -27,5 +29,5 @@ tail -n 3 "$DIR/$SET.ncu.log"
 "$NCU" -i "$DIR/$SET.ncu-rep" --page details >"$DIR/$SET.details.txt" 2>&1
 "$NCU" -i "$DIR/$SET.ncu-rep" --page raw --csv >"$DIR/$SET.raw.csv" 2>&1
 "$NCU" -i "$DIR/$SET.ncu-rep" --page source --csv --print-source sass >"$DIR/$SET.sass.csv" 2>&1
-grep -E "Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Warp Cycles Per Issued|Registers Per|Achieved Occupancy" \
+grep -E "DRAM Throughput|Memory Throughput|L2 Hit Rate|Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc A|No Eligible|Warp Cycles Per Issued|Registers Per|Achieved Occupancy" \
     "$DIR/$SET.details.txt" | head -n 20

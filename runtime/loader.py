@@ -438,6 +438,12 @@ class ArtifactStore:
                 cuda.check(driver.cuFuncSetAttribute(
                     func, fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.dynamic_smem),
                     "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+            if entry.grid.ctas_per_sm > 1:
+                # Several CTAs per SM only fit with the whole of L1 carved out as shared memory;
+                # the driver's default may carve less, and a cooperative launch then fails.
+                cuda.check(driver.cuFuncSetAttribute(
+                    func, fa.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+                    "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)")
             threads = entry.block[0] * entry.block[1] * entry.block[2]
             max_threads = attr(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)
             if threads > max_threads:

@@ -103,6 +103,11 @@ class Config:
     # run of tiles, instead of a new expert (patch, table walk) at every tile. The same
     # ceil(tiles / grid) tiles for the busiest CTA either way.
     blocked_tiles: bool = False
+    # CTAs per SM (1 or 2). Two run two independent pipelines on each SM (tile_n 128, at most
+    # SMEM_PER_SM_OF_TWO bytes of shared memory each, 80 registers per thread at launch): while
+    # one CTA hands a tile over, waits for its next weights or runs its prologue, the other's
+    # warps issue; decode at E = 128 keeps one CTA's schedulers under 40% busy.
+    ctas_per_sm: int = 1
     # Diagnostics only (never in shapes.yaml): with a_fp16, the producer and
     # the first consumer warpgroup store %clock64 at their pipeline events into TRACE_BYTES of
     # workspace per CTA, which experiments/trace_run.py reads back. compile_kernel builds it as
@@ -110,24 +115,29 @@ class Config:
     trace: bool = False
 
 
-def launch_registers(threads: int) -> int:
-    """Registers per thread a CTA of `threads` gets at launch when it takes the whole register
-    file (65536; allocated in steps of 8 per thread)."""
-    return 65536 // threads // 8 * 8
+def launch_registers(threads: int, ctas: int = 1) -> int:
+    """Registers per thread a CTA of `threads` gets at launch when `ctas` such CTAs share the
+    register file (65536; allocated in steps of 8 per thread)."""
+    return 65536 // (threads * ctas) // 8 * 8
 
 
-def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) -> bool:
+def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int,
+                        ctas: int = 1) -> bool:
     """Whether setmaxnreg can move the consumer warpgroups to `consumer` registers per thread
     while the producer warpgroup drops to `producer`. Registers only move inside the CTA's
     launch allocation, so the consumers take no more than the producer gives up; a split that
     asks for more hangs at the consumers' setmaxnreg.inc (four consumer warpgroups at 56 / 112
     did on the H200, docs/lab_notebook.md, 2026-11-30, eighth session)."""
-    launch = launch_registers(128 * (consumer_warpgroups + 1))
+    launch = launch_registers(128 * (consumer_warpgroups + 1), ctas)
     return (launch - producer) >= consumer_warpgroups * (consumer - launch)
 
 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
+# The most each of two CTAs on one SM may use: the SM's 228 KiB, less 1 KiB the driver keeps
+# per CTA, halved.
+SMEM_PER_SM_OF_TWO = (233472 - 2 * 1024) // 2
+CTAS_PER_SM = (1, 2)
 FP16_BUFFERS, SUB_K = 3, 64
 
 # Config.trace's record per CTA: 8-byte clock stamps at fixed places (experiments/trace_run.py).
@@ -311,10 +321,23 @@ def check(config: Config) -> list[str]:
     elif config.blocked_tiles and config.device_offsets is not True:
         reasons.append("blocked_tiles needs device_offsets: true (the list kernels keep the "
                        "strided tile order their bit-identical cubins were measured with)")
+    if config.ctas_per_sm not in CTAS_PER_SM:
+        reasons.append(f"ctas_per_sm must be one of {list(CTAS_PER_SM)}, but got "
+                       f"{config.ctas_per_sm!r}")
+    elif config.ctas_per_sm == 2 and (config.tile_n != 128 or config.a_fp16 is not True
+                                      or config.stream_a is not False):
+        reasons.append(f"ctas_per_sm 2 needs tile_n 128, a_fp16: true and stream_a: false (two "
+                       f"CTAs of three warpgroups share the register file), but got tile_n "
+                       f"{config.tile_n}")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:
         reasons.append(f"stages must be in 2..8, but got {config.stages}")
+    if not reasons and config.ctas_per_sm == 2 and smem_bytes(config) > SMEM_PER_SM_OF_TWO:
+        reasons.append(f"ctas_per_sm 2 with stages {config.stages}, tile_m {config.tile_m} and "
+                       f"a_slots {config.a_slots} needs {smem_bytes(config)} bytes of shared "
+                       f"memory per CTA, more than the {SMEM_PER_SM_OF_TWO} each of two CTAs "
+                       f"on one SM can use; lower stages, a_slots or tile_m")
     if not reasons and smem_bytes(config) > SMEM_LIMIT:
         reasons.append(
             f"stages {config.stages} with tile_m {config.tile_m}"

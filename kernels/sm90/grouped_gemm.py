@@ -310,7 +310,10 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
                                     keep_mangled_name=False)
         self.kernel(*args.values()).launch(
             grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), cluster=(1, 1, 1),
-            min_blocks_per_mp=1, smem=self.smem_bytes,
+            min_blocks_per_mp=self.config.ctas_per_sm, smem=self.smem_bytes,
+            # Given, so that the DSL does not ask a GPU for the SM's shared memory (the runtime
+            # sets the carveout when it loads the kernel).
+            **({"preferred_smem_carveout": 100} if self.config.ctas_per_sm > 1 else {}),
         )
 
     def _tiled_mma(self) -> cute.TiledMma:
@@ -588,7 +591,7 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
         cluster=ptx_cluster_dims(ptx, symbols[0]),
         dynamic_smem=launch["dynamic_smem"],
         # a_fp16 has a grid-wide barrier: the launch must be cooperative (all CTAs resident).
-        grid={"policy": "persistent", "ctas_per_sm": 1,
+        grid={"policy": "persistent", "ctas_per_sm": config.ctas_per_sm,
               **({"cooperative": True} if config.a_fp16 else {})},
         tile={"m": config.tile_m, "n": config.tile_n, "k": K_TILE},
         tables=tables.tables_record(

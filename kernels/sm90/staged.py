@@ -54,8 +54,12 @@ REGISTER_SPLITS = {4: (56, 104), 3: (56, 152), 2: (56, 224)}
 # With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
 STREAM_A_SPLIT = (64, 144)
+# Two CTAs per SM (ctas_per_sm 2, two consumer warpgroups each; 768 threads, 80 each at
+# launch; 40 for the producer warpgroup spilled): 2 * (128 * 48 + 256 * 96) = 61440.
+TWO_CTA_SPLIT = (48, 96)
 for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT)):
     assert register_split_fits(_wgs, _producer, _consumer), (_wgs, _producer, _consumer)
+assert register_split_fits(2, *TWO_CTA_SPLIT, ctas=2)
 # The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
 # the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
 # counter at zero. The workspace keeps HEADER_BYTES unused at its start: they are the eager
@@ -181,6 +185,8 @@ class StagedA:
         """(producer, consumer) registers per thread after setmaxnreg (REGISTER_SPLITS), or None
         to keep the launch's even split: two consumer warpgroups need more only at tile_m 256."""
         warpgroups = self.consumer_threads // WARPGROUP
+        if self.config.ctas_per_sm == 2:
+            return TWO_CTA_SPLIT
         if warpgroups >= 3 or (warpgroups == 2 and self.tile_m == 256):
             if warpgroups == 3 and self.config.stream_a:
                 return STREAM_A_SPLIT
