@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Any
 
 from .errors import ArtifactError, InputError
 from .manifest import KernelEntry
+from .records import Record
 
 Shape = tuple[int, int, int]
 _INT_FORMATS = {"int32": "i", "int64": "q"}
@@ -93,28 +93,7 @@ def grid_size(entry: KernelEntry, total_tiles: int, sm_count: int) -> int:
     return -(-grid // cx) * cx
 
 
-class _Record:
-    """A read-only record with keyword construction. Plain classes rather than dataclasses:
-    a dataclass costs about 1 ms to create at import, and imports are cold-start time."""
-
-    __slots__ = ()
-
-    def __init__(self, **values: Any) -> None:
-        if len(values) != len(self.__slots__):
-            raise TypeError(f"{type(self).__name__} takes exactly {sorted(self.__slots__)}, "
-                            f"but got {sorted(values)}")
-        for k, v in values.items():
-            object.__setattr__(self, k, v)  # AttributeError for a name not in __slots__
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__slots__)
-        return f"{type(self).__name__}({fields})"
-
-
-class Plan(_Record):
+class Plan(Record):
     """The shape-only part of a launch.
 
     entry, shapes ((m, n, k) per group), problem_sizes (packed table, manifest column order and
@@ -125,23 +104,41 @@ class Plan(_Record):
     pointer_format (struct code of one pointer-table cell).
     """
 
-    __slots__ = ("entry", "shapes", "problem_sizes", "cta_prefix", "total_tiles", "grid",
-                 "workspace_bytes", "workspace_header", "plan_tables", "cta_prefix_offset",
-                 "ones_offset", "pointer_columns", "pointer_format")
+    entry: KernelEntry
+    shapes: Sequence[Shape]
+    problem_sizes: bytes
+    cta_prefix: tuple[int, ...]
+    total_tiles: int
+    grid: int
+    workspace_bytes: int
+    workspace_header: int
+    plan_tables: bytes
+    cta_prefix_offset: int
+    ones_offset: int
+    pointer_columns: tuple[str, ...]
+    pointer_format: str
 
     @property
     def num_groups(self) -> int:
         return len(self.shapes)
 
 
-class _Layout(_Record):
+class _Layout(Record):
     """What make_plan reads from an entry, validated once per entry (dynamic-m calls plan a
     new shape list nearly every call): tile_m, tile_n, per_cta (workspace bytes per CTA),
     size_index (problem_sizes columns as indices into (m, n, k, l)), size_format,
     prefix_format, pointer_columns, pointer_format."""
 
-    __slots__ = ("tile_m", "tile_n", "per_cta", "header", "a_element", "size_index",
-                 "size_format", "prefix_format", "pointer_columns", "pointer_format")
+    tile_m: int
+    tile_n: int
+    per_cta: int
+    header: int
+    a_element: int
+    size_index: tuple[int, ...]
+    size_format: str
+    prefix_format: str
+    pointer_columns: tuple[str, ...]
+    pointer_format: str
 
 
 _LAYOUTS: dict[int, tuple[KernelEntry, _Layout]] = {}  # id(entry) -> (entry, layout)
