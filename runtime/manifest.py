@@ -21,7 +21,6 @@ selects among `sets` and launches the entry's kernel.
 from __future__ import annotations
 
 import json
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -494,15 +493,6 @@ def _rows(r: _Reader, key: str, width: int) -> tuple[tuple[int, ...], ...]:
     groups = r.get(key, list)
     if not groups:
         raise ManifestError(f"{r.path}.{key} must be a non-empty list, but got []")
-    # The common case checked in C loops: every row a list of `width` ints (bool is not int's
-    # type). An expert set's record holds E rows (256 at DeepSeek-V3), and the default manifest
-    # some 18,000: a Python check per value was half of runtime.load (cold start 40.8 -> 65.8
-    # ms on the H200 as the expert tiers grew, eighteenth session).
-    if (set(map(type, groups)) == {list} and set(map(len, groups)) == {width}
-            and set(map(type, chain.from_iterable(groups))) == {int}):
-        if groups.count(groups[0]) == len(groups):  # an expert set: E equal rows, one tuple
-            return (tuple(groups[0]),) * len(groups)
-        return tuple(map(tuple, groups))
     for i, g in enumerate(groups):
         if (not isinstance(g, list) or len(g) != width
                 or any(isinstance(v, bool) or not isinstance(v, int) for v in g)):
