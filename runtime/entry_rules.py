@@ -38,7 +38,7 @@ def check_serves(e: KernelEntry) -> None:
     s = e.serves
     if s.dynamic_m:
         # An expert set repeats one row E times (manifest._rows shares it): check it once.
-        rows = s.groups[:1] if s.groups.count(s.groups[0]) == len(s.groups) else s.groups
+        rows = s.groups[:1] if s.one_row else s.groups
         for i, (n, k) in enumerate(rows):
             if n <= 0 or k <= 0:
                 raise ManifestError(f"kernel {e.name!r}: serves.dynamic_m.groups[{i}] must "

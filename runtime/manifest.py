@@ -202,10 +202,16 @@ class Serves(Record):
     dynamic_m: bool = False
     max_m: int | None = None
 
+    @property
+    def one_row(self) -> bool:
+        """Whether every group has the same row (an expert set: E equal (n, k))."""
+        g = self.groups
+        return g.count(g[0]) == len(g)
+
     def record(self) -> dict[str, Any]:
         if self.dynamic_m:
             g = self.groups
-            if len(g) > 1 and g.count(g[0]) == len(g):
+            if len(g) > 1 and self.one_row:
                 # An expert set: E equal rows written once. The default manifest's expert sets
                 # held some 18,000 rows, and parsing them was a quarter of runtime.load.
                 return {"dynamic_m": {"experts": len(g), "group": list(g[0]),
