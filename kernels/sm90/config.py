@@ -39,6 +39,13 @@ TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
 # hide the conversion chain's latency; it also tiles N = 2048, 4096, 7168 and 1536 exactly.
 TILE_NS = (128, 192, 256)
 TILE_N_WIDE_MAX_M = 32
+# A tile's weights (packed rows) up to this many bytes are asked of L2 in one bulk prefetch
+# when the producer learns the tile (kernels/sm90/producer.py, _prefetch_tile_weights).
+PREFETCH_TILE_BYTES = 256 * 1024
+# Tiles up to this tile_m (by tile_n) hand each finished tile over during the next one's first
+# step (a second accumulator's worth of registers: tile_m / 2 per consumer thread). At tile_n
+# 256 (104 registers) tile_m 32 spilled.
+OVERLAP_MAX_M = {128: 32, 192: 32, 256: 16}
 
 
 @dataclass(frozen=True)

@@ -61,10 +61,18 @@ class TileConsumer:
     @cute.jit
     def _consumer_a16(self, mainloop, cta, ct) -> None:
         """Consumer warpgroups (`ct` 0.. over their threads): each of this CTA's tiles through
-        the K loop, then handed over to the storers (_hand_over_tile)."""
-        step, end = cta.tile_step, cta.tile_end
+        the K loop, then handed over to the storers (_hand_over_tile); with overlap_tiles
+        (_consumer_overlapped) a tile is handed over during the next one's first step."""
         mma = self._consumer_operands(self._tiled_mma(), mainloop, ct)
+        if cutlass.const_expr(self.overlap_tiles):
+            self._consumer_overlapped(mma, mainloop, cta, ct)
+        else:
+            self._consumer_in_turn(mma, mainloop, cta, ct)
 
+    @cute.jit
+    def _consumer_in_turn(self, mma, mainloop, cta, ct) -> None:
+        """Each tile's K loop drains its wgmma, then the tile is handed over."""
+        step, end = cta.tile_step, cta.tile_end
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
                                                self.config.a_slots)
@@ -83,6 +91,47 @@ class TileConsumer:
                 mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0, ct)
             k, scale_row0 = self._hand_over_tile(mma.acc, mma.coords, mainloop.storage, trace)
             tile += step
+
+    @cute.jit
+    def _consumer_overlapped(self, mma, mainloop, cta, ct) -> None:
+        """overlap_tiles: a tile's K loop leaves its last wgmma in flight; the next tile's first
+        step converts its weights meanwhile, copies the finished accumulator to `held` once
+        that wgmma retires, issues its own, and hands `held` over while it runs. So a tile
+        start costs about a step instead of the drain, the hand-over and an unhidden first
+        conversion (3.3 steps, bench/RESULTS.md "What bounds decode"). The hand-over of tile
+        j, made during tile j + 1, brings the (k, first scale row) of tile j + 2: the
+        consumers walk the table for their first two tiles."""
+        step, end = cta.tile_step, cta.tile_end
+        b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer,
+                                               self.config.a_slots)
+        held = cute.make_rmem_tensor_like(mma.acc)
+        mma.tiled_mma.set(warpgroup.Field.ACCUMULATE, True)  # each tile zeroes acc first
+        storage = mainloop.storage
+        prev_slot = Int32(0)
+        group = Int32(0)
+        tile = cta.first_tile
+        k, scale_row0 = Int32(0), Int32(0)
+        next_k, next_row0 = Int32(0), Int32(0)
+        if tile < end:
+            group, k, scale_row0 = self._consumer_tile(tile, group, cta.prefix, cta.sizes)
+            if tile + step < end:
+                group, next_k, next_row0 = self._consumer_tile(tile + step, group, cta.prefix,
+                                                               cta.sizes)
+        pending = Int32(0)  # a tile's last wgmma is in flight, its hand-over still to come
+        while tile < end:
+            trace = self._tile_trace(tile, cta, ct)
+            self._stamp_tile(trace, 0)
+            b_state, a_state, prev_slot, k, scale_row0 = self._k_loop_held(
+                mma, held, storage, b_state, a_state, prev_slot, self._k_stages(k), scale_row0,
+                pending, next_k, next_row0, ct, trace)
+            self._stamp_tile(trace, 1)
+            pending = Int32(1)
+            tile += step
+        if pending != 0:
+            warpgroup.wait_group(0)
+            mma.a_pipe.consumer_release(_Slot(prev_slot))
+            self._hand_over_tile(mma.acc, mma.coords, storage, None)
 
     @cute.jit
     def _tile_k_loop(self, mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0,
@@ -160,6 +209,60 @@ class TileConsumer:
         warpgroup.wait_group(0)
         a_pipe.consumer_release(_Slot(prev_slot))
         return b_state, a_state, prev_slot
+
+    @cute.jit
+    def _k_loop_held(self, mma, held, storage, b_state, a_state, prev_slot, ke, scale_row0,
+                     pending, next_k, next_row0, ct, trace=None) -> tuple:
+        """overlap_tiles' K loop of one tile (_k_loop's steps, ke weight stages): with `pending`,
+        the previous tile's last wgmma is still in flight on entry; the first step converts,
+        waits for it, moves the accumulator to `held`, issues its own wgmma and hands `held`
+        over. Leaves its own last wgmma in flight. Returns the pipeline states, the last A
+        slot (not released) and the next tile's (k, first scale row): the hand-over's post,
+        or without one (the first tile) the caller's next_k, next_row0."""
+        packed_b, scale_b, words_w = mma.packed_b, mma.scale_b, mma.words_w
+        b_pipe, a_pipe = mma.b_pipe, mma.a_pipe
+        for kt in cutlass.range(0, ke, unroll=1):
+            b_pipe.consumer_wait(b_state)
+            stage = b_state.index
+            stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
+            stage_s = scale_b + stage * self.sfb_stage_bytes
+            for s in cutlass.range_constexpr(SUB_STEPS):
+                self._stamp_step(trace, kt, s, 0)
+                self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s, scale_row0)
+                if s == SUB_STEPS - 1:
+                    b_pipe.consumer_release(b_state)  # the weights are in registers now
+                a_pipe.consumer_wait(a_state)
+                self._stamp_step(trace, kt, s, 1)
+                slot = a_state.index
+                if cutlass.const_expr(s == 0):
+                    if kt == 0:
+                        if pending != 0:
+                            # The previous tile's last wgmma: its accumulator and A slot.
+                            warpgroup.wait_group(0)
+                            a_pipe.consumer_release(_Slot(prev_slot))
+                            for i in cutlass.range_constexpr(cute.size(mma.acc)):
+                                held[i] = mma.acc[i]
+                        mma.acc.fill(0.0)
+                warpgroup.fence()
+                self._step_mma(mma, s, slot)
+                warpgroup.commit_group()
+                self._stamp_step(trace, kt, s, 2)
+                if cutlass.const_expr(s == 0):
+                    if kt == 0:
+                        if pending != 0:
+                            next_k, next_row0 = self._hand_over_tile(held, mma.coords,
+                                                                     storage, None)
+                warpgroup.wait_group(1)
+                self._stamp_step(trace, kt, s, 3)
+                if cutlass.const_expr(s > 0):
+                    a_pipe.consumer_release(_Slot(prev_slot))
+                else:
+                    if kt > 0:
+                        a_pipe.consumer_release(_Slot(prev_slot))
+                prev_slot = slot
+                a_state.advance()
+            b_state.advance()
+        return b_state, a_state, prev_slot, next_k, next_row0
 
     @cute.jit
     def _step_mma(self, mma, s: cutlass.Constexpr, slot) -> None:

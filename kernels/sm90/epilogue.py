@@ -110,7 +110,10 @@ class AsyncEpilogue:
         # the first hand-over, then t + 2 step after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
         # between tiles (docs/lab_notebook.md, eleventh session).
-        ahead = self._post_next_tile(storage, cta, first + step, Int32(0), st)
+        # With overlap_tiles the hand-over of tile t comes during tile t + step and brings
+        # t + 2 step: every post one tile further ahead.
+        lead = 3 if self.overlap_tiles else 2
+        ahead = self._post_next_tile(storage, cta, first + (lead - 1) * step, Int32(0), st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
         if first < end:
@@ -127,7 +130,7 @@ class AsyncEpilogue:
             col0 = tile_n_idx * self.tile_n
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
-            ahead = self._post_next_tile(storage, cta, tile + 2 * step, ahead, st)
+            ahead = self._post_next_tile(storage, cta, tile + lead * step, ahead, st)
             for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8

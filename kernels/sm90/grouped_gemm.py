@@ -74,6 +74,7 @@ from kernels.introspect import subbyte_tma_geometry, tma_swizzle
 from . import tma
 from .config import (
     K_TILE,
+    OVERLAP_MAX_M,
     SCALE_ATOM_BYTES,
     SCALE_STAGE_BYTES,
     SUB_K,
@@ -127,6 +128,10 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         self.scale_blocks = scale_blocks(config.tile_n)
         self.sfb_stage_bytes = self.scale_blocks * SCALE_STAGE_BYTES  # weight scales per stage
         self.stages = config.stages
+        # Hand a tile over during the next one's first step (consumer.py, _consumer_overlapped):
+        # the finished accumulator waits in as many registers again, tile_m / 2 per thread.
+        self.overlap_tiles = (config.tile_m <= OVERLAP_MAX_M.get(config.tile_n, 0)
+                              and not config.w_prefetch)
         # Descriptor sets per CTA, used in turn on group changes (tma.py). The A ring holds
         # a_slots sub-stage loads; a set is patched one tile before its loads (patch_ahead):
         # one set more in the rotation.

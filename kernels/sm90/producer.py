@@ -16,8 +16,8 @@ from kernels import tables
 from kernels.device_offsets import row_ends, staged_start
 
 from . import tma
-from .config import K_TILE, SUB_K
-from .ptx import prefetch_tensormap
+from .config import K_TILE, PREFETCH_TILE_BYTES, SCALE_ATOM_BYTES, SUB_K
+from .ptx import prefetch_l2_bulk, prefetch_tensormap
 from .structure import OP_A, OP_B, OP_SFB, PACKED_ROW_BYTES, SCALE_BOX, SUB_STEPS
 
 
@@ -73,6 +73,7 @@ class TileProducer:
                 b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, kt,
                                           tile_n_idx * self.tile_n)
                 self._stamp_prologue(3, kt)
+            self._prefetch_tile_weights(cta, group, n, k, tile_n_idx)
 
     @cute.jit
     def _produce_b(self, mainloop, b_state, d_b, d_sfb, kt, row_b, trace=None) -> Any:
@@ -177,7 +178,7 @@ class TileProducer:
             ready = self._stage_a_ready(wait, ready, 0, 0, trace)
             a_state = self._produce_a(mainloop, a_state, d_a, 0, row_a, trace)
             # The look-ahead, now that the tile's first loads are out.
-            next_group, nm, nk = group, m, k
+            next_group, nm, nn, nk = group, m, Int32(0), k
             has_next = Int32(0)
             if tile + step < end:
                 has_next = Int32(1)
@@ -190,6 +191,8 @@ class TileProducer:
                         prefetch_tensormap(self._desc(ws, bidx, ahead_set, o).toint())
                     ahead_group = next_group
             _, next_tile_n = self._tile_coords(tile + step, next_group, prefix, nm)
+            for _ in cutlass.range(has_next, unroll=1):
+                self._prefetch_tile_weights(cta, next_group, nn, nk, next_tile_n)
             # Stages 1..: A only while the next weight stage is the prologue's, then each
             # weight stage one ahead of its A, the next tile's first, and the last A.
             for kt in cutlass.range(1, pre - 1, unroll=1):
@@ -220,6 +223,24 @@ class TileProducer:
             ready = self._wait_stage_a(progress, ready, row_end, kt, grid)
             self._stamp_a_wait(trace, kt, kb)
         return ready
+
+    @cute.jit
+    def _prefetch_tile_weights(self, cta, group, n, k, tile_n_idx) -> None:
+        """Ask L2 for a tile's packed weight rows and their scale blocks, each one contiguous
+        range, when the rows fit PREFETCH_TILE_BYTES: the stages' TMA loads then read 128
+        bytes of every row per stage from L2 instead of reopening the same DRAM pages once per
+        stage (short-K decode tiles)."""
+        row_b = tile_n_idx * self.tile_n
+        rows = cutlass.min(Int32(self.tile_n), n - row_b)
+        row_bytes = k // 2
+        if rows * row_bytes <= PREFETCH_TILE_BYTES:
+            prefetch_l2_bulk(cta.ptrs[group, tables.PTR_B] + Int64(row_b) * Int64(row_bytes),
+                             rows * row_bytes)
+            block_bytes = (k // 64) * SCALE_ATOM_BYTES
+            first = row_b // 128
+            blocks = (row_b + rows - 1) // 128 - first + 1
+            prefetch_l2_bulk(cta.ptrs[group, tables.PTR_SFB] + Int64(first) * Int64(block_bytes),
+                             blocks * block_bytes)
 
     @cute.jit
     def _patch_descriptors_a16(self, mainloop, ws, cta, desc_set, group, m, n, k) -> None:

@@ -256,3 +256,11 @@ def cp_async_cg_16(smem_addr: Any, gmem_addr: Any, *, loc: Any = None, ip: Any =
     (experiments/first_load.py: every load in flight, then one wait for all of them)."""
     _asm("cp.async.cg.shared.global [$0], [$1], 16;", "r,l",
          [_ir(smem_addr, loc, ip), _i64(gmem_addr, loc, ip)], loc, ip)
+
+
+@dsl_user_op
+def prefetch_l2_bulk(addr: Any, size: Any, *, loc: Any = None, ip: Any = None) -> None:
+    """Ask L2 for `size` bytes (a multiple of 16) from the 16-byte aligned global address
+    `addr`, one contiguous range, without waiting (a hint: nothing is loaded into the SM)."""
+    _asm("cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r",
+         [_i64(addr, loc, ip), _ir(size, loc, ip)], loc, ip)
