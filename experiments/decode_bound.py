@@ -95,6 +95,8 @@ def main() -> int:
         cases = ([(f"{e}x16", e, 16)] if not routed else []) if args.profile else routings(e)
         for label, hit, r in cases + [(lab, None, None) for lab in routed]:
             counts = routed[label] if hit is None else counts_for(e, hit, r)
+            if sum(counts) > t:  # past the set's max_m: another set's calls
+                continue
             hit = sum(1 for c in counts if c)
             inp = make_inputs(layer, counts, 5) if sum(counts) else None
             rows_used = sum(counts)

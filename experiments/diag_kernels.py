@@ -29,6 +29,7 @@ from kernels.sm90.dequant import dequant_chunk, scales_w
 from kernels.sm90.epilogue import STORERS
 from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word, permuted_chunk
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+from kernels.sm90.offsets import Sm90OffsetsGemm
 from kernels.sm90.ptx import ld_shared_v4, prmt, select_bits, shl, st_global_v4
 from kernels.sm90.staging import PAIR_SEND, PAIR_STORES, pair_store_offset
 from kernels.sm90.structure import PACKED_ROW_BYTES, SUB_STEPS
@@ -377,11 +378,13 @@ PARTS: dict[str, tuple[type, ...]] = {
 }
 
 
-def variant_class(name: str) -> type[Sm90GroupedGemm]:
-    """The shipped kernel with variant `name`'s parts overriding its roles."""
+def variant_class(name: str, base: type[Sm90GroupedGemm] = Sm90GroupedGemm
+                  ) -> type[Sm90GroupedGemm]:
+    """The shipped kernel `base` (the list kernel, or Sm90OffsetsGemm for a serving set) with
+    variant `name`'s parts overriding its roles."""
     if name not in PARTS:
         raise ValueError(f"variant must be one of {sorted(PARTS)}, but got {name!r}")
-    return type(f"Sm90Diag_{name}", (*PARTS[name], Sm90GroupedGemm), {})
+    return type(f"Sm90Diag_{name}", (*PARTS[name], base), {})
 
 
 def overrides(name: str) -> list[str]:
@@ -392,5 +395,6 @@ def overrides(name: str) -> list[str]:
 
 def compile_kernel(config, *, arch: str, groups):
     """The build worker's entry (diag_families.py): the variant named by NVFP4_DIAG_VARIANT."""
+    base = Sm90OffsetsGemm if config.device_offsets else Sm90GroupedGemm
     return sm90_compile.compile_kernel(config, arch=arch, groups=groups,
-                                       kernel_class=variant_class(os.environ[ENV_VARIANT]))
+                                       kernel_class=variant_class(os.environ[ENV_VARIANT], base))

@@ -170,13 +170,20 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
     bench = ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
     # The decode sets (eighteenth session): bench_models' 64 tokens x 8 routing, experts with
     # tokens only, traced with the decode tiles; trace_run reads their groups from the manifest.
+    # And (nineteenth session) the Qwen3 ones again with the tiny tier's 16 x 256 tiles.
     decode = ["qwen_down_decode", "qwen_gateup_decode", "dsv3_gateup_e32_decode"]
-    assert [s.name for s in spec.sets] == bench + decode
+    tiny = ["qwen_down_tiny", "qwen_gateup_tiny"]
+    assert [s.name for s in spec.sets] == bench + decode + tiny
+    by_name = {s.name: s for s in spec.sets}
     for s in spec.sets:
         if s.name in bench:
             assert list(s.groups) == trace_run.ALL_SETS[s.name]
         else:
             assert s.name not in trace_run.ALL_SETS and sum(g[0] for g in s.groups) == 512
             assert all(g[0] > 0 for g in s.groups)
-            assert {b.options_dict()["tile_m"] for b in s.builds} == {32}
+            tile = (16, 256) if s.name in tiny else (32, 192)
+            assert {(b.options_dict()["tile_m"], b.options_dict()["tile_n"])
+                    for b in s.builds} == {tile}
+    for name in tiny:
+        assert by_name[name].groups == by_name[name.replace("tiny", "decode")].groups
         assert all(b.options_dict()["trace"] is True for b in s.builds)

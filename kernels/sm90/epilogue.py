@@ -110,9 +110,11 @@ class AsyncEpilogue:
         # the first hand-over, then t + 2 step after each hand-over's second barrier (the
         # consumers read the post after the first), so no consumer walks the group table
         # between tiles (docs/lab_notebook.md, eleventh session).
-        ahead = self._post_next_tile(storage, cta, first + step, Int32(0), st)
-        # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         group = Int32(0)
+        if first < end:
+            group = self._first_group_of(first, cta)
+        ahead = self._post_next_tile(storage, cta, first + step, group, st)
+        # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         if first < end:
             group = self._post_tile_scale(storage, cta, first, group, st)
             # The consumers' first hand-over: the tile starts empty. A CTA with no tile meets no

@@ -322,7 +322,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     @cute.jit
     def _run(self, atoms, problem_sizes, pointers, cta_prefix, workspace, grid_barrier, alpha,
-             num_groups, tidx, warp_idx, bidx, grid) -> None:
+             num_groups, tidx, warp_idx, bidx, grid, sparse=None) -> None:
         """The kernel body once the call's tables are in device memory (`atoms`: the B, A,
         SFB and SFA templates; SFA unused, _record_templates)."""
         tma_b, tma_a, tma_sfb, _ = atoms
@@ -335,13 +335,14 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         # Read by the epilogues through _c_scale (in the CtaContext the roles get).
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         # What _context makes the CtaContext of, once _kernel_a16 has set up its pipelines.
-        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
+        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid,
+                   Int32(0) if sparse is None else sparse)
         self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
                          tidx, warp_idx)
 
     @cute.jit
     def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
-                 grid) -> CtaContext:
+                 grid, sparse) -> CtaContext:
         """The device tables as tensors (kernels/tables.py layouts), the total tile count, this
         CTA and the grid: the roles' read-only context."""
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
@@ -356,7 +357,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
             end = cutlass.min(total, first + per_cta)
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
                           total_tiles=total, bidx=bidx, grid=grid, num_groups=num_groups,
-                          first_tile=first, tile_step=step, tile_end=end)
+                          first_tile=first, tile_step=step, tile_end=end, sparse=sparse)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -379,6 +380,27 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
             group += 1
         return (group, sizes[group, tables.COL_M], sizes[group, tables.COL_N],
                 sizes[group, tables.COL_K])
+
+    @cute.jit
+    def _first_group_of(self, tile: Int32, cta: CtaContext) -> Int32:
+        """Where the walk to a CTA's first tile starts (_group_of walks on from it): group 0,
+        or in a call with at most half as many rows as experts (CtaContext.sparse: a small
+        batch, most experts empty) the tile's own group, by a binary search of the prefix
+        table for the last group starting at or before it (empty groups start where their
+        successor does). The walk from group 0 cost a dependent load per group passed, up to
+        E: 14 us of a 34 us call at E = 128; the search from every first tile cost dense
+        routings 2-6% (docs/lab_notebook.md, nineteenth session)."""
+        group = Int32(0)
+        if cta.sparse != 0:
+            prefix = cta.prefix
+            hi = cta.num_groups  # prefix[hi] is the total, > tile
+            while hi - group > 1:
+                mid = (group + hi) // 2
+                if prefix[mid] <= tile:
+                    group = mid
+                else:
+                    hi = mid
+        return group
 
     def _k_stages(self, k: Int32) -> Int32:
         """K_TILE stages of a tile of this k: the last may run past k (config.K_MULTIPLE).

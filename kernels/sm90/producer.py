@@ -47,7 +47,9 @@ class TileProducer:
         group = Int32(-1)
         pre = Int32(0)
         if cta.first_tile < cta.tile_end:
-            group, _, _, k = self._group_of(cta.first_tile, Int32(0), cta.prefix, cta.sizes)
+            group, _, _, k = self._group_of(cta.first_tile,
+                                            self._first_group_of(cta.first_tile, cta),
+                                            cta.prefix, cta.sizes)
             pre = cutlass.min(Int32(self.stages), self._k_stages(k))
         return group, pre
 
@@ -160,7 +162,8 @@ class TileProducer:
         ahead_group = prev_group
         group, m, k = Int32(0), Int32(0), Int32(0)
         if first < end:
-            group, m, _, k = self._group_of(first, group, prefix, sizes)
+            # From the first tile's group (_first_tile_prefetch's), not from group 0.
+            group, m, _, k = self._group_of(first, prev_group, prefix, sizes)
         tile = first
         while tile < end:
             trace = self._tile_trace(tile, cta)
