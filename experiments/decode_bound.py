@@ -71,6 +71,11 @@ def main() -> int:
                     help="for a profiler (experiments/ncu.sh): each --only layer's E x 16 "
                          "routing (or --route's), 3 eager launches on one weight copy, no "
                          "timing")
+    ap.add_argument("--copies", type=int, default=0,
+                    help="weight copies the graphs rotate over (default: enough to defeat L2); "
+                         "1 keeps the hit experts' weights, and their pages' translations, warm")
+    ap.add_argument("--hit", nargs="*", default=[], metavar="HxR",
+                    help="more routings: H experts hit (spread over E), R rows each")
     ap.add_argument("--route", type=int, nargs="*", default=[], metavar="T",
                     help="also bench_models' routing of T tokens, top-8 (capped at E)")
     args = ap.parse_args()
@@ -85,7 +90,7 @@ def main() -> int:
         tile_m, tile_n = entry.tile.m, entry.tile.n
         e, n, k = layer.experts, layer.n, layer.k
         t = min(layer.max_m or 4096, 4096)
-        copies = 1 if args.profile else weight_sets(layer_weight_bytes(layer))
+        copies = 1 if args.profile else args.copies or weight_sets(layer_weight_bytes(layer))
         wsets = [Weights(layer, 11 + i) for i in range(copies)]
         per_expert = n * k // 2 + blocked_scale_numel(n, k)
         op = rt.offsets_plan(entry, e, n, k, t)
@@ -93,6 +98,7 @@ def main() -> int:
         routed = {f"{tok}x{min(8, e)}": route(tok, e, min(8, e), 26) for tok in args.route
                   if tok * min(8, e) <= t}
         cases = ([(f"{e}x16", e, 16)] if not routed else []) if args.profile else routings(e)
+        cases += [(h_r, *map(int, h_r.split("x"))) for h_r in args.hit]
         for label, hit, r in cases + [(lab, None, None) for lab in routed]:
             counts = routed[label] if hit is None else counts_for(e, hit, r)
             if sum(counts) > t:  # past the set's max_m: another set's calls
