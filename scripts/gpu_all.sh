@@ -41,7 +41,7 @@ for s in "${STEPS[@]}"; do
     bench) step bench 240 python bench/bench_grouped.py --artifacts artifacts --reps 200 \
         --json "$LOG/bench.json" ;;
     # gg.scaled_grouped_mm bit-exact on every expert layer (issue 26), 3 graph replays each.
-    serving) step serving 420 python scripts/serving_check.py --artifacts artifacts --reps 3 ;;
+    serving) step serving 540 python scripts/serving_check.py --artifacts artifacts --reps 3 ;;
     # The model benchmark (issues 26, 27): every declared model layer at 64..16384 tokens.
     # MODELS_ARGS: more arguments (--only SETS, --tokens, --compare DIR).
     models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \

@@ -5,7 +5,8 @@
 
 For every dynamic-m kernel whose groups are E identical (N, K) (an expert layer), and each
 output type built: routings with empty experts, skewed counts and all tokens on one expert, at
-each T of --t (default a decode-sized 64 and a prefill-sized 2048, capped at the set's max_m);
+each T of --t (default a small batch of 8, a decode-sized 64 and a prefill-sized 2048, capped
+at the set's max_m: 8 rows over E >= 16 experts takes the kernels' sparse first-tile search);
 tokens laid out as torch's 2D x 3D contract (rows grouped by expert, A scales padded to 128 rows
 per expert); a power-of-two alpha per expert (exact). The output rows of every expert must equal
 the float64 reference rounded to the output type, and the rows past offs[-1] must keep their
@@ -229,7 +230,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default="artifacts")
     ap.add_argument("--t", type=int, action="append", default=[], metavar="T",
-                    help="tokens (rows of a) per call, repeatable (default: 64 and 2048)")
+                    help="tokens (rows of a) per call, repeatable (default: 8, 64 and 2048)")
     ap.add_argument("--reps", type=int, default=10, help="graph replays with new routings")
     ap.add_argument("--only", action="append", default=[], help="kernel name (repeatable)")
     ap.add_argument("--no-graph", action="store_true",
@@ -239,7 +240,7 @@ def main() -> int:
     args = ap.parse_args()
     if any(t <= 0 for t in args.t):
         ap.error(f"--t must be positive, but got {args.t}")
-    tokens = args.t or [64, 2048]
+    tokens = args.t or [8, 64, 2048]
     if args.watchdog:
         faulthandler.dump_traceback_later(args.watchdog, exit=True)
     gg = runtime.load(args.artifacts)

@@ -292,6 +292,43 @@ def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
             e.name
 
 
+def test_sparse_routings_write_every_row_deterministically(gg) -> None:
+    """A small batch on the smallest expert layer of each E >= 8 (scaled_grouped_mm picks the
+    kernel): one row on every fourth expert, so T <= E / 2 from E = 16 on and each CTA
+    searches for its first tile's group (nineteenth session); every routed row written, the
+    rows past offs[-1] untouched, the same bits twice."""
+    def weights(e: KernelEntry) -> int:
+        n, k = dynamic_groups(e)[0][0]
+        return n * k
+
+    arch = gg.device_runtime(0).arch
+    smallest: dict[tuple, KernelEntry] = {}
+    for e in gg.kernels:
+        if e.arch != arch or not e.takes_offsets or e.takes_masked:
+            continue
+        key = (len(dynamic_groups(e)[0]), e.out_dtype)
+        if key[0] >= 8 and (key not in smallest or weights(e) < weights(smallest[key])):
+            smallest[key] = e
+    if not smallest:
+        pytest.skip(f"no expert layer of 8 or more experts in {ARTIFACTS} for this GPU ({arch})")
+    for e in smallest.values():
+        experts = len(dynamic_groups(e)[0])
+        counts = [int(g % 4 == 3) for g in range(experts)]
+        a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=7, pad=3)
+        used = sum(counts)
+        dtype = OUT_TORCH_DTYPES[e.out_dtype]
+        outs = []
+        for _ in range(2):
+            out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=dtype, device="cuda")
+            outs.append(gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out=out))
+        torch.cuda.synchronize()
+        assert not outs[0][:used].isnan().any(), f"{e.set} E = {experts}: unwritten rows"
+        assert outs[0][used:].isnan().all(), f"{e.set} E = {experts}: rows past offs[-1] written"
+        assert torch.equal(outs[0][:used].view(torch.int16), outs[1][:used].view(torch.int16)), \
+            e.set
+        del a, b, sfa, sfb
+
+
 def test_toy_kernel_values(gg, entries) -> None:
     """With the toy artifacts (tests/toy_kernel.py), every element is checked exactly: the
     tables, pointers and persistent tile walk are right for exact and dynamic-m sets, m = 0,
