@@ -267,6 +267,24 @@ def test_every_kernel_writes_every_output_deterministically(gg, every_kernel) ->
         assert same_bits(out1, out2), e.name
 
 
+def assert_rows_written_alike_twice(gg: runtime.GroupedGemm, e: KernelEntry, counts: list[int],
+                                    seed: int, pad: int, label: str) -> None:
+    """Two scaled_grouped_mm calls on entry e's layer with counts[g] rows for expert g and `pad`
+    rows past offs[-1], into NaN-filled outputs of e's type: every routed row written, the
+    rows past offs[-1] untouched, the same bits both times."""
+    a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=seed, pad=pad)
+    used = sum(counts)
+    dtype = OUT_TORCH_DTYPES[e.out_dtype]
+    outs = []
+    for _ in range(2):
+        out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=dtype, device="cuda")
+        outs.append(gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out=out))
+    torch.cuda.synchronize()
+    assert not outs[0][:used].isnan().any(), f"{label}: unwritten (NaN) rows"
+    assert outs[0][used:].isnan().all(), f"{label}: rows past offs[-1] were written"
+    assert torch.equal(outs[0][:used].view(torch.int16), outs[1][:used].view(torch.int16)), label
+
+
 def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
     """Each device-offsets kernel (scaled_grouped_mm only), through its cheapest set entry, in
     its output type: a routing with empty experts and rows past offs[-1]; every row of an
@@ -277,19 +295,8 @@ def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
     if not kernels:
         pytest.skip(f"no device-offsets kernel in {ARTIFACTS} for this GPU ({arch})")
     for e in kernels:
-        counts = serving_counts(gg, e, pad=19)
-        a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=3, pad=19)
-        t, used = a.shape[0], sum(counts)
-        dtype = OUT_TORCH_DTYPES[e.out_dtype]
-        outs = []
-        for _ in range(2):
-            out = torch.full((t, b.shape[1]), float("nan"), dtype=dtype, device="cuda")
-            outs.append(gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out=out))
-        torch.cuda.synchronize()
-        assert not outs[0][:used].isnan().any(), f"{e.name}: unwritten (NaN) rows"
-        assert outs[0][used:].isnan().all(), f"{e.name}: rows past offs[-1] were written"
-        assert torch.equal(outs[0][:used].view(torch.int16), outs[1][:used].view(torch.int16)), \
-            e.name
+        assert_rows_written_alike_twice(gg, e, serving_counts(gg, e, pad=19), seed=3, pad=19,
+                                        label=e.name)
 
 
 def test_sparse_routings_write_every_row_deterministically(gg) -> None:
@@ -313,20 +320,8 @@ def test_sparse_routings_write_every_row_deterministically(gg) -> None:
         pytest.skip(f"no expert layer of 8 or more experts in {ARTIFACTS} for this GPU ({arch})")
     for e in smallest.values():
         experts = len(dynamic_groups(e)[0])
-        counts = [int(g % 4 == 3) for g in range(experts)]
-        a, b, sfa, sfb, offs = serving_inputs(e, counts, "cuda", seed=7, pad=3)
-        used = sum(counts)
-        dtype = OUT_TORCH_DTYPES[e.out_dtype]
-        outs = []
-        for _ in range(2):
-            out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=dtype, device="cuda")
-            outs.append(gg.scaled_grouped_mm(a, b, sfa, sfb, offs, out=out))
-        torch.cuda.synchronize()
-        assert not outs[0][:used].isnan().any(), f"{e.set} E = {experts}: unwritten rows"
-        assert outs[0][used:].isnan().all(), f"{e.set} E = {experts}: rows past offs[-1] written"
-        assert torch.equal(outs[0][:used].view(torch.int16), outs[1][:used].view(torch.int16)), \
-            e.set
-        del a, b, sfa, sfb
+        assert_rows_written_alike_twice(gg, e, [int(g % 4 == 3) for g in range(experts)],
+                                        seed=7, pad=3, label=f"{e.set} E = {experts}")
 
 
 def test_toy_kernel_values(gg, entries) -> None:
