@@ -26,10 +26,6 @@ class CtaContext:
     first_tile: Any  # Int32
     tile_step: Any  # Int32
     tile_end: Any  # Int32
-    # Int32, nonzero when the call's rows are at most half its groups (a device-offsets call:
-    # a small batch, most experts without rows), so the first tile's group is searched for
-    # rather than walked to (_first_group_of); 0 for the list kernel.
-    sparse: Any
 
 
 @dataclass(frozen=True)

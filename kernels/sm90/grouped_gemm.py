@@ -241,6 +241,10 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         fields["next_tile"] = cute.struct.MemRange[Int32, 2]
         # The C scale (_c_scale) of the tile being handed over, posted by the storers.
         fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
+        if self.config.device_offsets:
+            # The CTA's first tile's group, found once by the producer during phase 1
+            # (_post_first_group) and read by the consumers and storers after it.
+            fields["first_group"] = cute.struct.MemRange[Int32, 1]
         fields |= {
             "packed_b": cute.struct.Align[
                 cute.struct.MemRange[Uint8, stages * tile_n * PACKED_ROW_BYTES], 1024],
@@ -322,7 +326,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     @cute.jit
     def _run(self, atoms, problem_sizes, pointers, cta_prefix, workspace, grid_barrier, alpha,
-             num_groups, tidx, warp_idx, bidx, grid, sparse=None) -> None:
+             num_groups, tidx, warp_idx, bidx, grid) -> None:
         """The kernel body once the call's tables are in device memory (`atoms`: the B, A,
         SFB and SFA templates; SFA unused, _record_templates)."""
         tma_b, tma_a, tma_sfb, _ = atoms
@@ -335,14 +339,13 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         # Read by the epilogues through _c_scale (in the CtaContext the roles get).
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         # What _context makes the CtaContext of, once _kernel_a16 has set up its pipelines.
-        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid,
-                   Int32(0) if sparse is None else sparse)
+        tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
         self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
                          tidx, warp_idx)
 
     @cute.jit
     def _context(self, problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx,
-                 grid, sparse) -> CtaContext:
+                 grid) -> CtaContext:
         """The device tables as tensors (kernels/tables.py layouts), the total tile count, this
         CTA and the grid: the roles' read-only context."""
         sizes = cute.make_tensor(problem_sizes, cute.make_layout((num_groups, 4), stride=(4, 1)))
@@ -357,7 +360,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
             end = cutlass.min(total, first + per_cta)
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
                           total_tiles=total, bidx=bidx, grid=grid, num_groups=num_groups,
-                          first_tile=first, tile_step=step, tile_end=end, sparse=sparse)
+                          first_tile=first, tile_step=step, tile_end=end)
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -383,15 +386,15 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     @cute.jit
     def _first_group_of(self, tile: Int32, cta: CtaContext) -> Int32:
-        """Where the walk to a CTA's first tile starts (_group_of walks on from it): group 0,
-        or in a call with at most half as many rows as experts (CtaContext.sparse: a small
-        batch, most experts empty) the tile's own group, by a binary search of the prefix
-        table for the last group starting at or before it (empty groups start where their
-        successor does). The walk from group 0 cost a dependent load per group passed, up to
-        E: 14 us of a 34 us call at E = 128; the search from every first tile cost dense
-        routings 2-6% (docs/lab_notebook.md, nineteenth session)."""
+        """Where the walk to a CTA's first tile starts (_group_of walks on from it): group 0 in
+        a list kernel (a few groups, host-built tables); in a device-offsets kernel the tile's
+        own group, by a binary search of the prefix table for the last group starting at or
+        before it (empty groups start where their successor does). A walk from group 0 cost
+        one dependent load per group passed, up to E: 12 us of a 30 us call with all rows on
+        expert 120 of 128 (docs/lab_notebook.md, nineteenth and twentieth sessions). Only the
+        producer's prologue calls it there, behind phase 1 (_post_first_group)."""
         group = Int32(0)
-        if cta.sparse != 0:
+        if cutlass.const_expr(self.config.device_offsets):
             prefix = cta.prefix
             hi = cta.num_groups  # prefix[hi] is the total, > tile
             while hi - group > 1:
@@ -401,6 +404,16 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
                 else:
                     hi = mid
         return group
+
+    @cute.jit
+    def _first_group(self, storage, tile: Int32, cta: CtaContext) -> Int32:
+        """The group to walk to `tile`, the CTA's first, from: in a device-offsets kernel the
+        group itself, posted in shared memory by the producer during phase 1
+        (_post_first_group), so no role looks it up after the grid barrier; else
+        _first_group_of's start."""
+        if cutlass.const_expr(self.config.device_offsets):
+            return storage.first_group.get_tensor(cute.make_layout(1))[0]
+        return self._first_group_of(tile, cta)
 
     def _k_stages(self, k: Int32) -> Int32:
         """K_TILE stages of a tile of this k: the last may run past k (config.K_MULTIPLE).

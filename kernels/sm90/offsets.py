@@ -81,9 +81,5 @@ class Sm90OffsetsGemm(DeviceOffsets, Sm90GroupedGemm):
         tables_ = self._tables_in_slot(self._descriptors_end(workspace.toint(), grid), bidx,
                                        offs, (a, b, sfa, sfb, c), num_groups, rows, n, k,
                                        tidx, warp_idx)
-        # A call of T rows hits at most T experts. (A masked call's bound is max_m rows per
-        # expert, so it never counts as sparse.)
-        sparse = Int32(rows * (num_groups if self.config.masked else 1) <= num_groups // 2)
         self._run((tma_b, tma_a, tma_sfb, tma_sfa), *tables_,
-                  workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid,
-                  sparse)
+                  workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid)

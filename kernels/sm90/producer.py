@@ -54,14 +54,18 @@ class TileProducer:
         return group, pre
 
     @cute.jit
-    def _producer_prologue(self, mainloop, cta) -> None:
+    def _producer_prologue(self, mainloop, cta) -> tuple:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
-        group, and that tile's first weight stages in flight while the other warps stage A."""
+        group, and that tile's first weight stages in flight while the other warps stage A.
+        Returns _first_tile_prefetch's (group, stages); a device-offsets kernel also posts the
+        group for the other roles (_post_first_group)."""
         bidx = cta.bidx
         ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(mainloop.atoms, ws, bidx)
         self._stamp_prologue(1)
         group, pre = self._first_tile_prefetch(cta)
+        if cutlass.const_expr(self.config.device_offsets):
+            self._post_first_group(mainloop.storage, group)
         if pre > 0:
             _, m, n, k = self._group_of(cta.first_tile, group, cta.prefix, cta.sizes)
             self._patch_descriptors_a16(mainloop, ws, cta, Int32(0), group, m, n, k)
@@ -75,6 +79,16 @@ class TileProducer:
                 b_state = self._produce_b(mainloop, b_state, d_b, d_sfb, kt,
                                           tile_n_idx * self.tile_n)
                 self._stamp_prologue(3, kt)
+        return group, pre
+
+    @cute.jit
+    def _post_first_group(self, storage, group) -> None:
+        """The first tile's group into shared memory, for the consumers and storers after the
+        CTA barrier that ends phase 1 (_first_group). Looked up once per CTA, behind the
+        staging: every role after the grid barrier walked or searched the prefix table for it,
+        one dependent load per step (docs/lab_notebook.md, twentieth session)."""
+        if cute.arch.lane_idx() == 0:
+            storage.first_group.get_tensor(cute.make_layout(1))[0] = group
 
     @cute.jit
     def _produce_b(self, mainloop, b_state, d_b, d_sfb, kt, row_b, trace=None) -> Any:
@@ -111,15 +125,19 @@ class TileProducer:
         return a_state
 
     @cute.jit
-    def _producer_a16(self, mainloop, cta, progress=None) -> None:
+    def _producer_a16(self, mainloop, cta, progress=None, first=None) -> None:
         """After the grid barrier; _producer_prologue has copied the templates and loaded the
         first tile's first `pre` weight stages with descriptor set 0. With stream_a there is no
-        grid barrier: `progress` (streamed.py) lets each tile's A loads wait for their chunks."""
+        grid barrier: `progress` (streamed.py) lets each tile's A loads wait for their chunks.
+        `first`: the prologue's (group, pre), kept in registers; None looks them up again."""
         ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
         b_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.config.a_slots)
-        prev_group, pre = self._first_tile_prefetch(cta)
+        if cutlass.const_expr(first is None):
+            prev_group, pre = self._first_tile_prefetch(cta)
+        else:
+            prev_group, pre = first
         for _ in cutlass.range(pre, unroll=1):
             b_state.advance()
         b_state, a_state = self._producer_tiles_ahead(mainloop, ws, cta, b_state, a_state, pre,

@@ -144,10 +144,13 @@ class StagedA:
         seen = Uint32(0)
         if tidx == 32:
             seen = ld_acquire_gpu_u32(grid_barrier.toint() + BARRIER_GENERATION)
+        first_group, pre = Int32(-1), Int32(0)
         if warp_idx == 0:
-            self._producer_prologue(mainloop, cta)
+            first_group, pre = self._producer_prologue(mainloop, cta)
         else:
             self._stage_a(cta, mainloop.a16_base, tidx - 32)
+        # A device-offsets producer keeps its first tile's lookup across the barrier.
+        first = (first_group, pre) if cutlass.const_expr(self.config.device_offsets) else None
         cute.arch.barrier()
         if tidx == 32:
             self._grid_barrier(grid_barrier.toint(), cta.grid, seen)
@@ -163,7 +166,7 @@ class StagedA:
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
-                    self._producer_a16(mainloop, cta)
+                    self._producer_a16(mainloop, cta, first=first)
                 if warp_idx >= 1:
                     self._store_tiles(mainloop.storage, cta, tidx - 32)
             else:
@@ -171,7 +174,7 @@ class StagedA:
                 self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_a16(mainloop, cta)
+                self._producer_a16(mainloop, cta, first=first)
             if warp_idx >= 1:
                 if warp_idx < 4:
                     self._store_tiles(mainloop.storage, cta, tidx - 32)
