@@ -8,6 +8,8 @@ read off.
 Per layer (a decode set's bf16 entry), routings of its max rows:
   none      offs all 0: no tiles (the prologue, phase 1 and the grid barrier alone)
   h x r     h experts hit (spread over E), r rows each: h * ceil(r / tile_m) * N / tile_n tiles
+  h x r @ s with --hit: h adjacent experts from expert s instead (where the hit experts sit in
+            the table, apart from how many there are)
   T x k     with --route T: bench_models' skewed top-k routing of T tokens (its seed)
 Each line: us (CUDA-event median over graph replays rotating > 3x L2 of weight copies), tiles,
 tiles per CTA (the most any CTA runs), the bytes of the hit experts' weights and scales, and
@@ -54,12 +56,19 @@ def routings(experts: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def counts_for(experts: int, hit: int, rows: int) -> list[int]:
+def counts_for(experts: int, hit: int, rows: int, start: int | None = None) -> list[int]:
+    """Rows per expert: `hit` experts spread over E, or adjacent from `start`."""
     counts = [0] * experts
-    if hit:
-        for j in range(hit):
-            counts[j * experts // hit] = rows
+    for j in range(hit):
+        counts[j * experts // hit if start is None else (start + j) % experts] = rows
     return counts
+
+
+def parse_hit(spec: str) -> tuple[str, int, int, int | None]:
+    """'HxR' or 'HxR@S' -> (label, H, R, S or None)."""
+    hr, _, start = spec.partition("@")
+    h, r = map(int, hr.split("x"))
+    return spec, h, r, int(start) if start else None
 
 
 def main() -> int:
@@ -75,7 +84,10 @@ def main() -> int:
                     help="weight copies the graphs rotate over (default: enough to defeat L2); "
                          "1 keeps the hit experts' weights, and their pages' translations, warm")
     ap.add_argument("--hit", nargs="*", default=[], metavar="HxR",
-                    help="more routings: H experts hit (spread over E), R rows each")
+                    help="more routings: H experts hit (spread over E), R rows each; HxR@S: "
+                         "H adjacent experts from expert S")
+    ap.add_argument("--hit-only", action="store_true",
+                    help="time the --hit routings only (not the default list)")
     ap.add_argument("--route", type=int, nargs="*", default=[], metavar="T",
                     help="also bench_models' routing of T tokens, top-8 (capped at E)")
     args = ap.parse_args()
@@ -97,10 +109,13 @@ def main() -> int:
         # Routings past the set's max_m are another set's calls.
         routed = {f"{tok}x{min(8, e)}": route(tok, e, min(8, e), 26) for tok in args.route
                   if tok * min(8, e) <= t}
-        cases = ([(f"{e}x16", e, 16)] if not routed else []) if args.profile else routings(e)
-        cases += [(h_r, *map(int, h_r.split("x"))) for h_r in args.hit]
-        for label, hit, r in cases + [(lab, None, None) for lab in routed]:
-            counts = routed[label] if hit is None else counts_for(e, hit, r)
+        if args.profile:
+            cases = [(f"{e}x16", e, 16, None)] if not routed else []
+        else:
+            cases = [] if args.hit_only else [(*c, None) for c in routings(e)]
+        cases += [parse_hit(h_r) for h_r in args.hit]
+        for label, hit, r, start in cases + [(lab, None, None, None) for lab in routed]:
+            counts = routed[label] if hit is None else counts_for(e, hit, r, start)
             if sum(counts) > t:  # past the set's max_m: another set's calls
                 continue
             hit = sum(1 for c in counts if c)

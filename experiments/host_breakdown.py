@@ -27,6 +27,7 @@ from offsets_quick import routing
 from serving_extras import layer_for
 
 import runtime
+from runtime import launch
 
 N = 3000
 
@@ -80,7 +81,21 @@ def main() -> int:
     addrs = (layer.offs.data_ptr(), layer.a.data_ptr(), layer.b.data_ptr(),
              layer.sfa.data_ptr(), layer.sfb.data_ptr(), out.data_ptr())
     ws = rt._workspaces[(stream, op.header)]
-    lines = [
+    # What the cooperative attribute costs the driver: the same launch with and without it, in
+    # interleaved blocks (the grid fits on the SMs and nothing else runs, so both complete).
+    params, coop = op._slot()
+    plain = launch.make_config(op.grid, op.entry.block, op.entry.dynamic_smem, op.entry.cluster,
+                               False)
+    wargs = (*addrs, ws[2], ws[2], alpha.data_ptr())
+    op._pack(params.buffer, wargs)
+    timed: dict[str, list[float]] = {"cooperative": [], "not cooperative": []}
+    for _ in range(3):
+        for name, config in (("cooperative", coop), ("not cooperative", plain)):
+            timed[name].append(per_iter(
+                lambda c=config: launch.launch(op.function, c, stream, params.kernel_params),
+                n=1000, sync_every=100))
+    lines = [*[(f"cuLaunchKernelEx alone, {name} (median of 3 blocks)", sorted(v)[1])
+               for name, v in timed.items()],
         ("whole call (out, alpha given)",
          per_iter(lambda: gg.scaled_grouped_mm(*call, alpha=alpha, out=out), sync_every=100)),
         ("guard.check of 7 tensors", per_iter(lambda: sig.guard.check(*tensors))),
