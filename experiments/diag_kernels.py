@@ -171,7 +171,7 @@ class _NoProducerTiles:
     nothing)."""
 
     @cute.jit
-    def _first_tile_prefetch(self, cta) -> tuple:
+    def _first_tile_prefetch(self, cta, start) -> tuple:
         return Int32(-1), Int32(0)
 
     @cute.jit

@@ -87,22 +87,34 @@ class DeviceOffsets:
 
     @cute.jit
     def _tables_in_slot(self, slots_base, bidx, index, operands, num_groups, rows, n, k, tidx,
-                        warp_idx) -> tuple:
+                        warp_idx, first_tile_of=None) -> tuple:
         """The prologue of every device-offsets kernel: warp 0 derives this CTA's tables into
         its slot (slots_base + bidx * offsets_tables_bytes(E), past the CTAs' descriptors), the
-        CTA synchronizes, and (problem sizes, pointers, CTA prefix) pointers come back."""
+        CTA synchronizes, and (problem sizes, pointers, CTA prefix) pointers come back. Given
+        `first_tile_of` (the call's tile count -> this CTA's first tile), a fourth value: the
+        group owning that tile in warp 0 (-1 when the CTA has none; undefined in other warps),
+        found while deriving, so no role looks it up in the prefix table."""
         slot = slots_base + Int64(bidx) * Int64(offsets_tables_bytes(num_groups))
         sizes_at = slot + Int64(POINTER_ROW_BYTES) * Int64(num_groups)
         prefix_at = sizes_at + Int64(PROBLEM_ROW_BYTES) * Int64(num_groups)
-        if warp_idx == 0:
-            self._derive_tables(index, operands, slot, sizes_at, prefix_at, num_groups, rows,
-                                n, k, tidx)
+        first_group = Int32(-1)
+        if cutlass.const_expr(first_tile_of is None):
+            if warp_idx == 0:
+                self._derive_tables(index, operands, slot, sizes_at, prefix_at, num_groups,
+                                    rows, n, k, tidx)
+        else:
+            if warp_idx == 0:
+                first_group = self._derive_tables(index, operands, slot, sizes_at, prefix_at,
+                                                  num_groups, rows, n, k, tidx, first_tile_of)
         # The tables (plain global stores of warp 0) are read by every role from here on.
         cute.arch.barrier()
         gmem = cute.AddressSpace.gmem
-        return (cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
-                cute.make_ptr(Int64, slot, gmem, assumed_align=16),
-                cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8))
+        pointers = (cute.make_ptr(Int32, sizes_at, gmem, assumed_align=8),
+                    cute.make_ptr(Int64, slot, gmem, assumed_align=16),
+                    cute.make_ptr(Int32, prefix_at, gmem, assumed_align=8))
+        if cutlass.const_expr(first_tile_of is None):
+            return pointers
+        return (*pointers, first_group)
 
     @cute.jit
     def _clamped_end(self, ends: cute.Tensor, g: Int32, rows: Int32, below: Int32) -> Int32:
@@ -130,10 +142,11 @@ class DeviceOffsets:
 
     @cute.jit
     def _derive_tables(self, offs, operands, slot, sizes_at, prefix_at, num_groups, rows, n,
-                       k, lane) -> None:
+                       k, lane, first_tile_of=None) -> Int32:
         """Warp 0: the pointer, problem-size and CTA-prefix tables of this call (module
         docstring) at `slot`, `sizes_at` and `prefix_at`. Lane l takes experts
-        [l * per, l * per + count)."""
+        [l * per, l * per + count). Returns the group owning tile first_tile_of(tiles) in
+        every lane (-1 for none; -1 without first_tile_of)."""
         gmem = cute.AddressSpace.gmem
         ends = cute.make_tensor(offs, cute.make_layout(num_groups))
         ptrs = cute.make_tensor(cute.make_ptr(Int64, slot, gmem, assumed_align=16),
@@ -146,16 +159,28 @@ class DeviceOffsets:
         per = (num_groups + 31) // 32
         first = lane * per
         count = cutlass.max(cutlass.min(first + per, num_groups) - first, Int32(0))
+        owner = Int32(-1)
         if cutlass.const_expr(self.config.masked):
-            self._masked_tables(ends, operands, ptrs, sizes, prefix, ends_out, num_groups,
-                                rows, n, k, lane, first, count)
+            owner = self._masked_tables(ends, operands, ptrs, sizes, prefix, ends_out,
+                                        num_groups, rows, n, k, lane, first, count,
+                                        first_tile_of)
         else:
-            self._offsets_tables(ends, operands, ptrs, sizes, prefix, ends_out, num_groups,
-                                 rows, n, k, lane, first, count)
+            owner = self._offsets_tables(ends, operands, ptrs, sizes, prefix, ends_out,
+                                         num_groups, rows, n, k, lane, first, count,
+                                         first_tile_of)
+        if cutlass.const_expr(first_tile_of is not None):
+            for d in cutlass.range_constexpr(SCAN_STEPS):  # at most one lane owns it
+                owner = cutlass.max(owner, cute.arch.shuffle_sync_bfly(owner, 1 << d))
+        return owner
+
+    @staticmethod
+    def _owns(tile, tile0, m_tiles) -> Int32:
+        """1 when `tile` is one of the m_tiles CTA tiles from tile0 (an expert's), else 0."""
+        return Int32(tile >= tile0) * Int32(tile < tile0 + m_tiles)
 
     @cute.jit
     def _masked_tables(self, masked_m, operands, ptrs, sizes, prefix, ends_out, num_groups,
-                       max_m, n, k, lane, first, count) -> None:
+                       max_m, n, k, lane, first, count, first_tile_of=None) -> Int32:
         """The masked layout (Config.masked): expert g's rows start at g * max_m in a and c, its
         scales at blocked row g * round_up(max_m, 128) of sfa; masked_m[g] clamped to [0, max_m]
         rows are valid."""
@@ -176,9 +201,14 @@ class DeviceOffsets:
         sfa_expert = Int64(blocked_scale_numel(max_m, k))
         sfb_expert = Int64(blocked_scale_numel(n, k))
         c_expert = Int64(max_m) * Int64(n) * Int64(self.c_dtype.width // 8)
+        owner = Int32(-1)
+        wanted = Int32(0) if first_tile_of is None else first_tile_of(tiles_total)
         for i in cutlass.range(count, unroll=1):
             g = first + i
             m = cutlass.min(cutlass.max(masked_m[g], Int32(0)), max_m)
+            if cutlass.const_expr(first_tile_of is not None):
+                if self._owns(wanted, tile0, self._tiles_of(m, tiles_n)) != 0:
+                    owner = g
             self._write_row(ptrs, sizes, prefix, g,
                             (lambda: a.toint() + Int64(g) * a_expert,
                              lambda: b.toint() + Int64(g) * b_expert,
@@ -190,10 +220,11 @@ class DeviceOffsets:
             ends_out[g] = staged_end
         if lane == 31:
             prefix[num_groups] = tiles_total
+        return owner
 
     @cute.jit
     def _offsets_tables(self, ends, operands, ptrs, sizes, prefix, ends_out, num_groups, rows,
-                        n, k, lane, first, count) -> None:
+                        n, k, lane, first, count, first_tile_of=None) -> Int32:
         """The offsets layout (torch's 2D x 3D form; module docstring)."""
         a, b, sfa, sfb, c = operands
 
@@ -231,10 +262,15 @@ class DeviceOffsets:
         sfb_expert = Int64(blocked_scale_numel(n, k))
         c_row = Int64(n) * Int64(self.c_dtype.width // 8)
         end = start
+        owner = Int32(-1)
+        wanted = Int32(0) if first_tile_of is None else first_tile_of(tiles_total)
         for i in cutlass.range(count, unroll=1):
             g = first + i
             nxt = self._clamped_end(ends, g, rows, end)
             m = nxt - end
+            if cutlass.const_expr(first_tile_of is not None):
+                if self._owns(wanted, tile0, self._tiles_of(m, tiles_n)) != 0:
+                    owner = g
             self._write_row(ptrs, sizes, prefix, g,
                             (lambda: a.toint() + Int64(end) * a_row,
                              lambda: b.toint() + Int64(g) * b_expert,
@@ -247,3 +283,4 @@ class DeviceOffsets:
             end = nxt
         if lane == 31:
             prefix[num_groups] = tiles_total
+        return owner

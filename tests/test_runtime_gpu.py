@@ -300,10 +300,11 @@ def test_every_offsets_kernel_writes_every_row_deterministically(gg) -> None:
 
 
 def test_sparse_routings_write_every_row_deterministically(gg) -> None:
-    """A small batch on the smallest expert layer of each E >= 8 (scaled_grouped_mm picks the
-    kernel): one row on every fourth expert, so T <= E / 2 from E = 16 on and each CTA
-    searches for its first tile's group (nineteenth session); every routed row written, the
-    rows past offs[-1] untouched, the same bits twice."""
+    """Small batches on the smallest expert layer of each E >= 8 (scaled_grouped_mm picks the
+    kernel), where each CTA's binary search for its first tile's group lands far from group 0
+    (twentieth session): one row on every fourth expert; and 17 rows on the last expert alone
+    with 64 rows past offs[-1]. Every routed row written, the rows past offs[-1] untouched,
+    the same bits twice."""
     def weights(e: KernelEntry) -> int:
         n, k = dynamic_groups(e)[0][0]
         return n * k
@@ -322,6 +323,8 @@ def test_sparse_routings_write_every_row_deterministically(gg) -> None:
         experts = len(dynamic_groups(e)[0])
         assert_rows_written_alike_twice(gg, e, [int(g % 4 == 3) for g in range(experts)],
                                         seed=7, pad=3, label=f"{e.set} E = {experts}")
+        assert_rows_written_alike_twice(gg, e, [0] * (experts - 1) + [17], seed=8, pad=64,
+                                        label=f"{e.set} E = {experts}, last expert only")
 
 
 def test_toy_kernel_values(gg, entries) -> None:

@@ -78,7 +78,7 @@ class TileConsumer:
         scale_row0 = Int32(0)
         if tile < end:
             group, k, scale_row0 = self._consumer_tile(
-                tile, self._first_group(mainloop.storage, tile, cta), cta.prefix, cta.sizes)
+                tile, self._first_group(mainloop.storage, cta), cta.prefix, cta.sizes)
         while tile < end:
             b_state, a_state, prev_slot, trace = self._tile_k_loop(
                 mma, cta, b_state, a_state, prev_slot, tile, k, scale_row0, ct)

@@ -112,7 +112,7 @@ class AsyncEpilogue:
         # between tiles (docs/lab_notebook.md, eleventh session).
         group = Int32(0)
         if first < end:
-            group = self._first_group(storage, first, cta)
+            group = self._first_group(storage, cta)
         ahead = self._post_next_tile(storage, cta, first + step, group, st)
         # Each hand-over's C scale is posted before its first barrier, as its look-ahead is.
         if first < end:

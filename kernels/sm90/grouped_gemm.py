@@ -242,8 +242,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         # The C scale (_c_scale) of the tile being handed over, posted by the storers.
         fields["tile_scale"] = cute.struct.MemRange[Float32, 1]
         if self.config.device_offsets:
-            # The CTA's first tile's group, found once by the producer during phase 1
-            # (_post_first_group) and read by the consumers and storers after it.
+            # The group of the CTA's first tile (_first_group).
             fields["first_group"] = cute.struct.MemRange[Int32, 1]
         fields |= {
             "packed_b": cute.struct.Align[
@@ -326,7 +325,7 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     @cute.jit
     def _run(self, atoms, problem_sizes, pointers, cta_prefix, workspace, grid_barrier, alpha,
-             num_groups, tidx, warp_idx, bidx, grid) -> None:
+             num_groups, tidx, warp_idx, bidx, grid, first_group=None) -> None:
         """The kernel body once the call's tables are in device memory (`atoms`: the B, A,
         SFB and SFA templates; SFA unused, _record_templates)."""
         tma_b, tma_a, tma_sfb, _ = atoms
@@ -340,6 +339,12 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         alpha_table = cute.make_tensor(alpha, cute.make_layout(num_groups))
         # What _context makes the CtaContext of, once _kernel_a16 has set up its pipelines.
         tables_ = (problem_sizes, pointers, cta_prefix, alpha_table, num_groups, bidx, grid)
+        if cutlass.const_expr(first_group is not None):
+            # Warp 0's group of the CTA's first tile, found while deriving the tables
+            # (kernels/device_offsets.py), for every role (_first_group): in shared memory at
+            # once, so no register holds it through the setup.
+            if tidx == 0:
+                storage.first_group.get_tensor(cute.make_layout(1))[0] = first_group
         self._kernel_a16((tma_b, tma_a, tma_sfb), storage, tables_, workspace, grid_barrier,
                          tidx, warp_idx)
 
@@ -352,15 +357,20 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         ptrs = cute.make_tensor(pointers, cute.make_layout((num_groups, 5), stride=(5, 1)))
         prefix = cute.make_tensor(cta_prefix, cute.make_layout(num_groups + 1))
         total = prefix[num_groups]
-        first, step, end = bidx, grid, total
+        first, step, end = self._first_tile(bidx, grid, total), grid, total
         if cutlass.const_expr(self.config.blocked_tiles):
-            per_cta = (total + grid - 1) // grid
-            first = bidx * per_cta
             step = Int32(1)
-            end = cutlass.min(total, first + per_cta)
+            end = cutlass.min(total, first + (total + grid - 1) // grid)
         return CtaContext(sizes=sizes, ptrs=ptrs, prefix=prefix, alpha=alpha_table,
                           total_tiles=total, bidx=bidx, grid=grid, num_groups=num_groups,
                           first_tile=first, tile_step=step, tile_end=end)
+
+    def _first_tile(self, bidx: Int32, grid: Int32, total: Int32) -> Int32:
+        """This CTA's first tile of `total`: bidx, or with blocked_tiles the start of its run of
+        ceil(total / grid)."""
+        if cutlass.const_expr(self.config.blocked_tiles):
+            return bidx * ((total + grid - 1) // grid)
+        return bidx
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
         """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
@@ -385,35 +395,16 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
                 sizes[group, tables.COL_K])
 
     @cute.jit
-    def _first_group_of(self, tile: Int32, cta: CtaContext) -> Int32:
-        """Where the walk to a CTA's first tile starts (_group_of walks on from it): group 0 in
-        a list kernel (a few groups, host-built tables); in a device-offsets kernel the tile's
-        own group, by a binary search of the prefix table for the last group starting at or
-        before it (empty groups start where their successor does). A walk from group 0 cost
-        one dependent load per group passed, up to E: 12 us of a 30 us call with all rows on
-        expert 120 of 128 (docs/lab_notebook.md, nineteenth and twentieth sessions). Only the
-        producer's prologue calls it there, behind phase 1 (_post_first_group)."""
+    def _first_group(self, storage, cta: CtaContext) -> Int32:
+        """Where a role walks to its first tile's group from: the group itself in a
+        device-offsets kernel (found while deriving the tables, in shared memory since _run),
+        group 0 in a list kernel (a few groups, host-built tables). Every role used to walk or
+        search the prefix table for it after the grid barrier, one dependent load per step: up
+        to 12 us of a 30 us call (docs/lab_notebook.md, twentieth session)."""
         group = Int32(0)
         if cutlass.const_expr(self.config.device_offsets):
-            prefix = cta.prefix
-            hi = cta.num_groups  # prefix[hi] is the total, > tile
-            while hi - group > 1:
-                mid = (group + hi) // 2
-                if prefix[mid] <= tile:
-                    group = mid
-                else:
-                    hi = mid
+            group = storage.first_group.get_tensor(cute.make_layout(1))[0]
         return group
-
-    @cute.jit
-    def _first_group(self, storage, tile: Int32, cta: CtaContext) -> Int32:
-        """The group to walk to `tile`, the CTA's first, from: in a device-offsets kernel the
-        group itself, posted in shared memory by the producer during phase 1
-        (_post_first_group), so no role looks it up after the grid barrier; else
-        _first_group_of's start."""
-        if cutlass.const_expr(self.config.device_offsets):
-            return storage.first_group.get_tensor(cute.make_layout(1))[0]
-        return self._first_group_of(tile, cta)
 
     def _k_stages(self, k: Int32) -> Int32:
         """K_TILE stages of a tile of this k: the last may run past k (config.K_MULTIPLE).

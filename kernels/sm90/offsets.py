@@ -78,8 +78,10 @@ class Sm90OffsetsGemm(DeviceOffsets, Sm90GroupedGemm):
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        tables_ = self._tables_in_slot(self._descriptors_end(workspace.toint(), grid), bidx,
-                                       offs, (a, b, sfa, sfb, c), num_groups, rows, n, k,
-                                       tidx, warp_idx)
+        *tables_, first_group = self._tables_in_slot(
+            self._descriptors_end(workspace.toint(), grid), bidx, offs, (a, b, sfa, sfb, c),
+            num_groups, rows, n, k, tidx, warp_idx,
+            lambda total: self._first_tile(bidx, grid, total))
         self._run((tma_b, tma_a, tma_sfb, tma_sfa), *tables_,
-                  workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid)
+                  workspace, grid_barrier, alpha, num_groups, tidx, warp_idx, bidx, grid,
+                  first_group)

@@ -41,15 +41,14 @@ class TileProducer:
         return offset
 
     @cute.jit
-    def _first_tile_prefetch(self, cta) -> tuple:
+    def _first_tile_prefetch(self, cta, start) -> tuple:
         """(group, weight stages) of this CTA's first tile that _producer_prologue loads before
-        the grid barrier: the weights do not depend on phase 1. (-1, 0) without a tile."""
+        the grid barrier: the weights do not depend on phase 1. (-1, 0) without a tile. The
+        walk to the group goes from `start` (_first_group)."""
         group = Int32(-1)
         pre = Int32(0)
         if cta.first_tile < cta.tile_end:
-            group, _, _, k = self._group_of(cta.first_tile,
-                                            self._first_group_of(cta.first_tile, cta),
-                                            cta.prefix, cta.sizes)
+            group, _, _, k = self._group_of(cta.first_tile, start, cta.prefix, cta.sizes)
             pre = cutlass.min(Int32(self.stages), self._k_stages(k))
         return group, pre
 
@@ -57,15 +56,12 @@ class TileProducer:
     def _producer_prologue(self, mainloop, cta) -> tuple:
         """Warp 0 during phase 1: the descriptor templates, set 0 patched for the first tile's
         group, and that tile's first weight stages in flight while the other warps stage A.
-        Returns _first_tile_prefetch's (group, stages); a device-offsets kernel also posts the
-        group for the other roles (_post_first_group)."""
+        Returns _first_tile_prefetch's (group, stages)."""
         bidx = cta.bidx
         ws = cute.make_ptr(Int64, mainloop.desc_base, cute.AddressSpace.gmem, assumed_align=128)
         self._copy_templates(mainloop.atoms, ws, bidx)
         self._stamp_prologue(1)
-        group, pre = self._first_tile_prefetch(cta)
-        if cutlass.const_expr(self.config.device_offsets):
-            self._post_first_group(mainloop.storage, group)
+        group, pre = self._first_tile_prefetch(cta, self._first_group(mainloop.storage, cta))
         if pre > 0:
             _, m, n, k = self._group_of(cta.first_tile, group, cta.prefix, cta.sizes)
             self._patch_descriptors_a16(mainloop, ws, cta, Int32(0), group, m, n, k)
@@ -80,15 +76,6 @@ class TileProducer:
                                           tile_n_idx * self.tile_n)
                 self._stamp_prologue(3, kt)
         return group, pre
-
-    @cute.jit
-    def _post_first_group(self, storage, group) -> None:
-        """The first tile's group into shared memory, for the consumers and storers after the
-        CTA barrier that ends phase 1 (_first_group). Looked up once per CTA, behind the
-        staging: every role after the grid barrier walked or searched the prefix table for it,
-        one dependent load per step (docs/lab_notebook.md, twentieth session)."""
-        if cute.arch.lane_idx() == 0:
-            storage.first_group.get_tensor(cute.make_layout(1))[0] = group
 
     @cute.jit
     def _produce_b(self, mainloop, b_state, d_b, d_sfb, kt, row_b, trace=None) -> Any:
@@ -135,7 +122,8 @@ class TileProducer:
         a_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer,
                                                self.config.a_slots)
         if cutlass.const_expr(first is None):
-            prev_group, pre = self._first_tile_prefetch(cta)
+            prev_group, pre = self._first_tile_prefetch(cta, self._first_group(mainloop.storage,
+                                                                                cta))
         else:
             prev_group, pre = first
         for _ in cutlass.range(pre, unroll=1):
