@@ -81,20 +81,34 @@ def main() -> int:
     addrs = (layer.offs.data_ptr(), layer.a.data_ptr(), layer.b.data_ptr(),
              layer.sfa.data_ptr(), layer.sfb.data_ptr(), out.data_ptr())
     ws = rt._workspaces[(stream, op.header)]
-    # What the cooperative attribute costs the driver: the same launch with and without it, in
-    # interleaved blocks (the grid fits on the SMs and nothing else runs, so both complete).
+    # What the launch primitive costs: the same launch through cuLaunchKernelEx with and without
+    # the cooperative attribute, and through the plain-argument cuLaunchCooperativeKernel and
+    # cuLaunchKernel (no config struct to marshal), in interleaved blocks (the grid fits on the
+    # SMs and nothing else runs, so every form completes).
     params, coop = op._slot()
     plain = launch.make_config(op.grid, op.entry.block, op.entry.dynamic_smem, op.entry.cluster,
                                False)
-    wargs = (*addrs, ws[2], ws[2], alpha.data_ptr())
-    op._pack(params.buffer, wargs)
-    timed: dict[str, list[float]] = {"cooperative": [], "not cooperative": []}
+    op._pack(params.buffer, (*addrs, ws[2], ws[2], alpha.data_ptr()))
+    f, kp, smem = op.function, params.kernel_params, op.entry.dynamic_smem
+    bx, by, bz = op.entry.block
+    forms = {
+        "cuLaunchKernelEx, cooperative": lambda: launch.launch(f, coop, stream, kp),
+        "cuLaunchKernelEx, not cooperative": lambda: launch.launch(f, plain, stream, kp),
+        "cuLaunchCooperativeKernel": lambda: driver.cuLaunchCooperativeKernel(
+            f, op.grid, 1, 1, bx, by, bz, smem, stream, kp),
+        "cuLaunchKernel, not cooperative": lambda: driver.cuLaunchKernel(
+            f, op.grid, 1, 1, bx, by, bz, smem, stream, kp, 0),
+    }
+    for name, fn in forms.items():  # each form must launch cleanly before it is timed
+        r = fn()
+        if r is not None and r[0] != driver.CUresult.CUDA_SUCCESS:
+            raise SystemExit(f"{name}: {r[0]}")
+        torch.cuda.synchronize()
+    timed: dict[str, list[float]] = {name: [] for name in forms}
     for _ in range(3):
-        for name, config in (("cooperative", coop), ("not cooperative", plain)):
-            timed[name].append(per_iter(
-                lambda c=config: launch.launch(op.function, c, stream, params.kernel_params),
-                n=1000, sync_every=100))
-    lines = [*[(f"cuLaunchKernelEx alone, {name} (median of 3 blocks)", sorted(v)[1])
+        for name, fn in forms.items():
+            timed[name].append(per_iter(fn, n=1000, sync_every=100))
+    lines = [*[(f"{name} (median of 3 blocks)", sorted(v)[1])
                for name, v in timed.items()],
         ("whole call (out, alpha given)",
          per_iter(lambda: gg.scaled_grouped_mm(*call, alpha=alpha, out=out), sync_every=100)),
