@@ -2,6 +2,10 @@
 
     python build_kernels.py build --spec experiments/trace_ab.yaml --out .trace     # on a CPU
     PYTHONPATH=. python experiments/trace_run.py --artifacts .trace --sets moe_down dense_a
+    # the serving (device-offsets) kernels, bench_models' routing of T tokens x top-8:
+    python build_kernels.py build --spec experiments/trace_serving.yaml --out .trace_serving
+    PYTHONPATH=. python experiments/trace_run.py --artifacts .trace_serving \
+        --serving qwen3_30b_down_tiny --route 1 64
 
 A trace build stores %clock64 (the SM's cycle counter) at fixed places of a per-CTA record in
 the workspace (kernels/sm90/config.py, TRACE_*): for every 64-K step of the first consumer
@@ -181,6 +185,52 @@ def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
             "span_cycles": span, "phases": summary}
 
 
+def trace_serving(gg: runtime.GroupedGemm, name: str, tokens: int) -> dict:
+    """As trace_set, for a device-offsets set through scaled_grouped_mm: bench_models' routing
+    of `tokens` tokens x top-8 (T = the rows routed). Its records follow every CTA's derived
+    tables (kernels/sm90/trace.py); the grid is every SM."""
+    from bench_models import Weights, expert_layers, make_inputs, route
+
+    from runtime.formats import offsets_tables_bytes
+
+    [layer] = expert_layers(gg.kernels, "sm_90a", "bfloat16", [name])
+    kernel = next(k for k in gg.kernels if k.name == layer.entry)
+    if kernel.options.get("blocked_tiles"):
+        raise SystemExit(f"--serving {name}: blocked_tiles sets are not read (strided tiles only)")
+    topk = min(8, layer.experts)
+    counts = route(tokens, layer.experts, topk, 26)
+    w = Weights(layer, 11)
+    inp = make_inputs(layer, counts, 5)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+    out = torch.empty(sum(counts), layer.n, dtype=torch.bfloat16, device="cuda")
+    call = (inp["a"], w.b, inp["sfa"], w.sfb, offs)
+    for _ in range(2):  # warm-up: the workspace is allocated and the module loaded
+        gg.scaled_grouped_mm(*call, out=out)
+    torch.cuda.synchronize()
+    rt = gg._runtimes[torch.cuda.current_device()]
+    workspace = kernel.tables.tensormap_workspace
+    header, per_cta = workspace.header_bytes, workspace.bytes_per_cta
+    grid = torch.cuda.get_device_properties(0).multi_processor_count
+    [(ws, _, _)] = [w_ for (stream, h), w_ in rt._workspaces.items() if h == header]
+    start = header + grid * (per_cta - TRACE_BYTES + offsets_tables_bytes(layer.experts))
+    region = ws[start:start + grid * TRACE_BYTES]
+    region.zero_()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    gg.scaled_grouped_mm(*call, out=out)
+    end.record()
+    torch.cuda.synchronize()
+    r = split_records(region.view(torch.int64).cpu(), grid)
+    tile_m, tile_n = kernel.tile.m, kernel.tile.n
+    tiles = sum(-(-c // tile_m) for c in counts) * -(-layer.n // tile_n)
+    tiles_per_cta = [len(range(c, tiles, grid)) for c in range(grid)]
+    stages = min(-(-layer.k // K_TILE), TRACE_STAGES)
+    span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
+    summary = summarize(r, grid, tiles_per_cta, stages)
+    return {"set": f"{name} {tokens} x {topk}", "grid": grid, "tiles": tiles,
+            "call_us": begin.elapsed_time(end) * 1e3, "span_cycles": span, "phases": summary}
+
+
 def set_groups(gg: runtime.GroupedGemm, name: str) -> list:
     """The exact (m, n, k) groups the artifacts' set `name` serves (experiments/trace_ab.yaml's
     decode sets, which bench_grouped does not know)."""
@@ -194,15 +244,25 @@ def set_groups(gg: runtime.GroupedGemm, name: str) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--artifacts", default=".trace")
-    ap.add_argument("--sets", nargs="+", required=True, metavar="SET",
+    ap.add_argument("--sets", nargs="+", default=[], metavar="SET",
                     help="bench_grouped sets, or any exact-shape set of the artifacts")
+    ap.add_argument("--serving", nargs="+", default=[], metavar="SET",
+                    help="device-offsets sets of the artifacts (experiments/trace_serving.yaml),"
+                         " traced through scaled_grouped_mm at each --route")
+    ap.add_argument("--route", nargs="+", type=int, default=[64], metavar="T",
+                    help="tokens (x top-8) of the --serving calls")
     ap.add_argument("--json", help="write the summaries here")
     args = ap.parse_args()
+    if not args.sets and not args.serving:
+        ap.error("name --sets or --serving")
     gg = runtime.load(args.artifacts)
     results = []
-    for name in args.sets:
-        res = trace_set(gg, name, ALL_SETS.get(name) or set_groups(gg, name))
+    runs = [lambda n=n: trace_set(gg, n, ALL_SETS.get(n) or set_groups(gg, n)) for n in args.sets]
+    runs += [lambda n=n, t=t: trace_serving(gg, n, t) for n in args.serving for t in args.route]
+    for run in runs:
+        res = run()
         results.append(res)
+        name = res["set"]
         print(f"\n{name}: {res['tiles']} tiles on {res['grid']} CTAs; call {res['call_us']:.1f} us "
               f"(eager), first CTA start to last stamp {res['span_cycles']} cycles")
         for key, value in res["phases"].items():

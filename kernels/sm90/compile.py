@@ -25,7 +25,7 @@ from . import tma
 from .config import K_TILE, N_MULTIPLE, Config, k_multiple
 from .grouped_gemm import Sm90GroupedGemm
 from .offsets import Sm90OffsetsGemm
-from .trace import TracedSm90GroupedGemm
+from .trace import TracedSm90GroupedGemm, TracedSm90OffsetsGemm
 
 
 def _check_dsl_arch(arch: str) -> None:
@@ -40,11 +40,12 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
                    kernel_class: type[Sm90GroupedGemm] | None = None) -> CompiledKernel:
     """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
     `kernel_class`: a subclass overriding some roles, for diagnostic builds only
-    (experiments/diag_build.py); by default Sm90GroupedGemm, or for Config.trace its clock-stamping
-    subclass (trace.py). The shipped kernels are Sm90GroupedGemm's."""
+    (experiments/diag_build.py); by default Sm90GroupedGemm (Sm90OffsetsGemm for device_offsets),
+    or for Config.trace its clock-stamping subclass (trace.py). The shipped kernels hold no
+    stamps."""
     if kernel_class is None:
         if config.device_offsets:
-            kernel_class = Sm90OffsetsGemm
+            kernel_class = TracedSm90OffsetsGemm if config.trace else Sm90OffsetsGemm
         else:
             kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
     if arch != "sm_90a":

@@ -266,10 +266,10 @@ def check(config: Config) -> list[str]:
     if not isinstance(config.device_offsets, bool):
         reasons.append(f"device_offsets must be true or false, but got "
                        f"{config.device_offsets!r}")
-    elif config.device_offsets and (config.stream_a is not False or config.trace is not False):
-        reasons.append("device_offsets needs stream_a: false and trace: false (the "
-                       "device-offsets prologue is built on the kernel with the grid barrier), "
-                       f"but got stream_a {config.stream_a!r}, trace {config.trace!r}")
+    elif config.device_offsets and config.stream_a is not False:
+        reasons.append("device_offsets needs stream_a: false (the device-offsets prologue is "
+                       f"built on the kernel with the grid barrier), but got stream_a "
+                       f"{config.stream_a!r}")
     if not isinstance(config.masked, bool):
         reasons.append(f"masked must be true or false, but got {config.masked!r}")
     elif config.masked and config.device_offsets is not True:

@@ -12,7 +12,7 @@ class TraceHooks:
 
     trace_bytes = 0  # bytes per CTA the hooks' records take in the workspace
 
-    def _trace_start(self, workspace, a16_base, tidx, bidx, grid):
+    def _trace_start(self, workspace, a16_base, tidx, bidx, grid, num_groups=None):
         """Phase start (staged.py): returns the fp16 A base, past any records reserved."""
         return a16_base
 

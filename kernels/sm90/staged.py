@@ -83,7 +83,8 @@ class StagedA:
         cta = self._context(*tables_)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, cta.grid, cta.num_groups)
-        a16_base = self._trace_start(workspace, a16_base, tidx, cta.bidx, cta.grid)
+        a16_base = self._trace_start(workspace, a16_base, tidx, cta.bidx, cta.grid,
+                                     cta.num_groups)
         mainloop = Mainloop(atoms=atoms, storage=storage, b_pipe=b_pipe, a_pipe=a_pipe,
                          desc_base=ws_base + self.header_bytes, a16_base=a16_base)
         if cutlass.const_expr(self.config.stream_a):

@@ -22,6 +22,7 @@ from .config import (
     TRACE_TILES,
 )
 from .grouped_gemm import Sm90GroupedGemm
+from .offsets import Sm90OffsetsGemm
 from .ptx import stamp_clock, stamp_globaltimer
 from .structure import SUB_STEPS
 
@@ -33,11 +34,12 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
 
     trace_bytes = TRACE_BYTES
 
-    def _trace_start(self, workspace, a16_base, tidx, bidx, grid) -> Int64:
+    def _trace_start(self, workspace, a16_base, tidx, bidx, grid, num_groups=None) -> Int64:
         """Reserve the grid's records before A (returns A's new base) and stamp the CTA's
-        start. The record is kept as its parts (a kernel parameter, the CTA index and the
-        grid): a 64-bit address held across the roles spilled."""
-        self._trace_parts = (workspace, bidx, grid)
+        start. The record is kept as its parts (a kernel parameter, the CTA index, the grid
+        and, for a device-offsets kernel's derived tables, the group count): a 64-bit address
+        held across the roles spilled."""
+        self._trace_parts = (workspace, bidx, grid, num_groups)
         self._stamp_cta(0, Int32(tidx == 0))
         return a16_base + grid * TRACE_BYTES
 
@@ -90,8 +92,8 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
     # ------------------------------------------------------------------ the record
     def _trace_at(self, offset) -> Int64:
         """Global address of byte `offset` of this CTA's record."""
-        workspace, bidx, grid = self._trace_parts
-        return (self._past_descriptors(workspace.toint(), grid)
+        workspace, bidx, grid, num_groups = self._trace_parts
+        return (self._past_descriptors(workspace.toint(), grid, num_groups)
                 + Int64(bidx * TRACE_BYTES + offset))
 
     def _stamp_cta(self, event: int, rec) -> None:
@@ -109,3 +111,8 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
     def _tile_record_at(self, slot) -> Int64:
         """Address of stamp `slot` of the tiles' and the CTA's part of the record."""
         return self._trace_at(TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + slot * 8)
+
+
+class TracedSm90OffsetsGemm(Sm90OffsetsGemm, TracedSm90GroupedGemm):
+    """The device-offsets (serving) kernel with the same stamps; its records follow every
+    CTA's derived tables (Sm90GroupedGemm._past_descriptors)."""
