@@ -125,19 +125,34 @@ def phases(r: dict, cta: int, tiles: int, stages: int) -> dict[str, list[int]]:
 def across_ctas(r: dict) -> dict[str, float]:
     """From the %globaltimer stamps (ns, one clock for all CTAs): how far apart the CTAs
     start, when the last one counts its first streaming iteration, and how long a CTA waits
-    for the first A stage from its own start, which is bounded by the last count."""
-    start, found, counted = (r["global"][e] for e in (0, 4, 5))
+    for the first A stage from its own start, which is bounded by the last count (stream_a).
+    With the grid barrier (no stream_a): when each CTA has staged its share of phase 1 and
+    when it passed the grid barrier, which waits for the last CTA to stage."""
+    start, found, counted, staged, passed = (r["global"][e] for e in (0, 4, 5, 9, 10))
     live = start > 0
-    if not bool(live.any()) or not bool((counted[live] > 0).all()):
-        return {}  # a build without stream_a stamps no count
+    if not bool(live.any()):
+        return {}
     t0 = int(start[live].min())
-    out = {"CTA starts: last - first (ns)": int(start[live].max()) - t0,
-           "first A found staged, from the CTA's start: median (ns)":
-               statistics.median((found[live] - start[live]).tolist()),
-           "stagers' first count, from the CTA's start: median (ns)":
-               statistics.median((counted[live] - start[live]).tolist()),
-           "stagers' first count of the last CTA, from the first CTA's start (ns)":
-               int(counted[live].max()) - t0}
+    spread = {"CTA starts: last - first (ns)": int(start[live].max()) - t0}
+    out: dict[str, float] = {}
+    if bool((counted[live] > 0).all()):  # stream_a
+        out |= spread | {
+            "first A found staged, from the CTA's start: median (ns)":
+                statistics.median((found[live] - start[live]).tolist()),
+            "stagers' first count, from the CTA's start: median (ns)":
+                statistics.median((counted[live] - start[live]).tolist()),
+            "stagers' first count of the last CTA, from the first CTA's start (ns)":
+                int(counted[live].max()) - t0}
+    if bool((staged[live] > 0).all()):  # the grid barrier
+        out |= spread | {
+            "phase 1 staged, from the CTA's start: median (ns)":
+                statistics.median((staged[live] - start[live]).tolist()),
+            "phase 1 staged by the last CTA, from the first CTA's start (ns)":
+                int(staged[live].max()) - t0,
+            "grid barrier passed, from the CTA's start: median (ns)":
+                statistics.median((passed[live] - start[live]).tolist()),
+            "grid barrier passed by the last CTA, from the first CTA's start (ns)":
+                int(passed[live].max()) - t0}
     return out
 
 
@@ -227,6 +242,7 @@ def trace_serving(gg: runtime.GroupedGemm, name: str, tokens: int) -> dict:
     stages = min(-(-layer.k // K_TILE), TRACE_STAGES)
     span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
     summary = summarize(r, grid, tiles_per_cta, stages)
+    summary.update(across_ctas(r))
     return {"set": f"{name} {tokens} x {topk}", "grid": grid, "tiles": tiles,
             "call_us": begin.elapsed_time(end) * 1e3, "span_cycles": span, "phases": summary}
 

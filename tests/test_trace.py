@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from conftest import NEEDS_DSL, compile_sm90
 
@@ -117,6 +116,22 @@ def test_the_globaltimer_stamps_compare_ctas() -> None:
         "first A found staged, from the CTA's start: median (ns)": 3000,
         "stagers' first count, from the CTA's start: median (ns)": 2060,
         "stagers' first count of the last CTA, from the first CTA's start (ns)": 2600}
+
+
+def test_the_globaltimer_stamps_time_phase_1_and_the_grid_barrier() -> None:
+    grid = 3
+    r = trace_run.split_records(torch.zeros(grid * TRACE_BYTES // 8, dtype=torch.int64), grid)
+    g = r["global"]
+    # CTA starts 1000, 1100, 1040; staged 3000, 3600, 3100; barrier passed 3700, 3650, 3690.
+    for cta, (start, staged, passed) in enumerate(((1000, 3000, 3700), (1100, 3600, 3650),
+                                                   (1040, 3100, 3690))):
+        g[0][cta], g[9][cta], g[10][cta] = start, staged, passed
+    assert trace_run.across_ctas(r) == {
+        "CTA starts: last - first (ns)": 100,
+        "phase 1 staged, from the CTA's start: median (ns)": 2060,
+        "phase 1 staged by the last CTA, from the first CTA's start (ns)": 2600,
+        "grid barrier passed, from the CTA's start: median (ns)": 2650,
+        "grid barrier passed by the last CTA, from the first CTA's start (ns)": 2700}
 
 
 def test_ctas_without_a_start_stamp_are_skipped() -> None:

@@ -139,11 +139,11 @@ TRACE_CTA_SLOTS = 16
 TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's descriptors patched",
                     "first weight stage issued", "first A stage found staged",
                     "stagers' first iteration counted", "stagers' tables read and scanned",
-                    "stagers' first chunks converted and stored", "stagers' first proxy fence")
+                    "stagers' first chunks converted and stored", "stagers' first proxy fence",
+                    "phase 1 staged (CTA barrier)", "grid barrier passed")
 # CTA events also stamped with %globaltimer (ns, comparable across CTAs: how far apart the CTAs
 # start, and when the last of them counts), event -> slot after TRACE_CTA_EVENTS.
-TRACE_GLOBAL_EVENTS = {0: len(TRACE_CTA_EVENTS), 4: len(TRACE_CTA_EVENTS) + 1,
-                       5: len(TRACE_CTA_EVENTS) + 2}
+TRACE_GLOBAL_EVENTS = {e: len(TRACE_CTA_EVENTS) + i for i, e in enumerate((0, 4, 5, 9, 10))}
 assert len(TRACE_CTA_EVENTS) + len(TRACE_GLOBAL_EVENTS) <= TRACE_CTA_SLOTS
 TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
 TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8

@@ -153,9 +153,11 @@ class StagedA:
         # A device-offsets producer keeps its first tile's lookup across the barrier.
         first = (first_group, pre) if cutlass.const_expr(self.config.device_offsets) else None
         cute.arch.barrier()
+        self._stamp_stager(9, tidx - 32)
         if tidx == 32:
             self._grid_barrier(grid_barrier.toint(), cta.grid, seen)
         cute.arch.barrier()
+        self._stamp_stager(10, tidx - 32)
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
