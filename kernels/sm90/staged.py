@@ -265,6 +265,12 @@ class StagedA:
             count = Int32(0)
             offset = Int64(0)
         c = bidx * stagers + tidx
+        if cutlass.const_expr(self.config.device_offsets):
+            # Warp-sized blocks of chunks dealt round the CTAs first: a call of few rows then
+            # spreads its chunks over many SMs instead of filling the first CTAs' threads,
+            # whose memory queues made the last CTA stage 3x slower than the median
+            # (docs/lab_notebook.md, twentieth session, run 7). c - lane stays warp-uniform.
+            c = ((tidx // 32) * grid + bidx) * 32 + lane
         # Pair stores (staging.PAIR_STORES): the odd lane of a pair takes `odd` = all ones.
         odd = Uint32(0) - Uint32(tidx % 2)
         # Warp-uniform trip count (the shuffles need the whole warp); a lane past the end loads
