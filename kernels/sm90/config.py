@@ -23,20 +23,15 @@ N_MULTIPLE = 8
 # Hopper accumulates in registers; there is no TMEM accumulator to double-buffer.
 ACC_STAGES = (1,)
 # Output rows (tokens) per CTA tile = the wgmma N. 256 (tile_n 128 only: its 128-register
-# accumulator needs two consumer warpgroups' share of the register file) converts each weight
-# tile once for up to 256 tokens. 80, 96 and 112 fit a set's m with fewer padded MMA rows:
-# moe_down at 112 covers its 1024 tokens with 13 m-tiles of 1456 rows instead of 1664, 86.0 ->
-# 78.8 us (docs/lab_notebook.md, 2026-11-30, tenth session). Multiples of 16 only: the DSL
-# aborts the process compiling 88, 104 or 120.
-# 16 and 32 (issue 27, decode): at a few tokens per expert a 64-row tile multiplies mostly
-# padding; the wgmma N shrinks with the tile.
+# accumulator needs two consumer warpgroups' register share) converts each weight tile once for
+# up to 256 tokens; 80..112 fit a set's m with fewer padded MMA rows (docs/lab_notebook.md,
+# tenth session); 16 and 32 suit decode's few tokens per expert (issue 27). Multiples of 16
+# only: the DSL aborts the process compiling 88, 104 or 120.
 TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
-# Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 (three consumer
-# warpgroups) runs 1.5x the converting warps at once, each still converting 64 rows for its own
-# m64 wgmma, and gets 1.5x the MMA work out of every fp16 A tile loaded.
-# 256 (four consumer warpgroups, decode tiles only: their small accumulator fits the 104
-# registers a 640-thread CTA can give them) puts four converting warps on each scheduler to
-# hide the conversion chain's latency; it also tiles N = 2048, 4096, 7168 and 1536 exactly.
+# Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 runs 1.5x the
+# converting warps and gets 1.5x the MMA work out of every fp16 A tile loaded. 256 (decode
+# tiles only: their small accumulator fits the 104 registers a 640-thread CTA gives) puts four
+# converting warps on each scheduler to hide the conversion chain's latency.
 TILE_NS = (128, 192, 256)
 TILE_N_WIDE_MAX_M = 32
 
@@ -56,23 +51,16 @@ class Config:
     stages: int = 3  # shared-memory stages of the packed-operand pipeline
     # fp16 A buffers of 64 K each: the TMA ring the wgmma reads from.
     a_slots: int = 8
-    # Load each 64-K step's weight words from shared memory one step early, before the previous
-    # step's waits and wgmma issue, instead of at the head of the step's conversion chain. 1-2%
-    # slower on the H200 in the fifth session; since the twelfth, 3-4% faster on dense_a (112 x
-    # 128), and still slower on moe_down (bench/RESULTS.md).
+    # Load each 64-K step's weight words from shared memory one step early (before the previous
+    # step's waits and wgmma issue), off the head of its conversion chain. Faster on some sets
+    # (dense_a), slower on others (moe_down): bench/RESULTS.md.
     w_prefetch: bool = False
-    # Always on (the consumers' own C stores lost in measurement, wip-v3-direct-epilogue): the
-    # consumers write each finished tile into a shared-memory C tile and go on to the next
-    # tile; the producer warpgroup's three idle warps copy it out.
-    # Needs C_ROW_PAD-padded tile_m x tile_n fp16 of shared memory (a_slots 5 at tile_m 128,
-    # tile_n 192). moe_down 94.8 -> 89.1 us, bench_large 693.8 -> 677.3 (docs/lab_notebook.md,
-    # 2026-11-30, sixth session).
+    # Always on (_ALWAYS_ON): the consumers write each finished tile into a C_ROW_PAD-padded
+    # shared C tile and go on; the producer warpgroup's three idle warps copy it out.
     async_epilogue: bool = True
-    # Always on (wip-v3-direct-epilogue has the patch at the tile start): the producer patches
-    # the descriptors of its next tile's group one tile ahead (and prefetches them), instead of
-    # when that tile starts; a group change then no longer waits for the patch and the
+    # Always on (_ALWAYS_ON): the producer patches (and prefetches) the descriptors of its next
+    # tile's group one tile ahead, so a group change does not wait for the patch and the
     # descriptor fetch. One more descriptor set per CTA.
-    # moe_gateup 127.2 -> 124.6 us, moe_down 92.2 -> 88.0 (docs/lab_notebook.md, seventh session).
     patch_ahead: bool = True
     # Phase 1 overlaps the tile loop instead of ending in a grid barrier. Warps 1..3 stage A in
     # K order (kernels/sm90/staging.py, "streamed staging") while the consumers start, and the
@@ -112,8 +100,7 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
     """Whether setmaxnreg can move the consumer warpgroups to `consumer` registers per thread
     while the producer warpgroup drops to `producer`. Registers only move inside the CTA's
     launch allocation, so the consumers take no more than the producer gives up; a split that
-    asks for more hangs at the consumers' setmaxnreg.inc (four consumer warpgroups at 56 / 112
-    did on the H200, docs/lab_notebook.md, 2026-11-30, eighth session)."""
+    asks for more hangs at the consumers' setmaxnreg.inc (docs/lab_notebook.md, eighth session)."""
     launch = launch_registers(128 * (consumer_warpgroups + 1))
     return (launch - producer) >= consumer_warpgroups * (consumer - launch)
 
@@ -211,15 +198,14 @@ def smem_bytes(config: Config) -> int:
     return 1024 + config.stages * b_stage + config.a_slots * config.tile_m * SUB_K * 2 + c_tile
 
 
-# Options the kernel always has (their off paths lost in measurement; branch
-# wip-v3-direct-epilogue), each with the reason why.
+# Options the kernel always has (the off paths are on branch wip-v3-direct-epilogue), and why.
 _ALWAYS_ON = {
     "async_epilogue": "its consumers' own C stores were slower, docs/lab_notebook.md sixth session",
     "patch_ahead": "patching at each tile's start was slower, docs/lab_notebook.md seventh session",
 }
 
-# Options deleted with their code paths (what lost in measurement): when, why and where the code
-# is. A shapes.yaml option naming one is refused with this, not as an unknown key.
+# Options deleted with their code paths: when, why and where the code is. A shapes.yaml option
+# naming one is refused with this, not as an unknown key.
 REMOVED_OPTIONS = {
     "a_fp16": "in issue 25: v2, which converted A per tile (a_fp16: false), lost to v3 with "
               "stream_a, and every sm_90a kernel converts A once per call (v2 is last at commit "

@@ -42,7 +42,7 @@ class Mainloop:
 
 @dataclass(frozen=True)
 class MmaOperands:
-    """A v3 consumer thread's side of the mainloop (staged.py, _consumer_operands)."""
+    """A v3 consumer thread's side of the mainloop (consumer.py, _consumer_operands)."""
 
     tiled_mma: Any  # RS wgmma m64 x tile_m x k16, weights from registers, A from shared memory
     frag_a: Any  # wgmma B fragments over the whole A ring (the last mode is the slot)

@@ -9,8 +9,7 @@ One 32-bit word holds 8 e2m1 codes n0..n7 (n_i in bits 4i..4i+3, element 2j in t
 It becomes 4 fp16x2 words holding the pairs (n0, n4), (n1, n5), (n2, n6), (n3, n7): the K order
 inside each group of 8 is permuted, which is harmless because BOTH operands get this same pair
 order, so every product still pairs the same k of A and B, and the 8 values share one scale.
-Every step is exact: value * scale * 2^-7 has at most 5 significant bits and lies in
-[2^-17, 21], which fp16 (subnormals down to 2^-24) holds, so HMUL2 rounds nothing.
+Every step is exact, so HMUL2 rounds nothing (fp4_bits.W_SCALE_EXP's comment).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from .ptx import e4m3x2_to_f16x2, mul_f16x2, mul_f16x2_by_half, prmt, select_bit
 def dequant_word_w(w: Any, scales: Any, half: int) -> list[Uint32]:
     """8 e2m1 codes times half `half` of a `scales_w` word -> 4 fp16x2 words, pairs (n0, n4),
     (n1, n5), (n2, n6), (n3, n7), each value * scale * 2^(W_SCALE_EXP - 14). 14 instructions
-    per word (3 LOP3, 3 shifts, 4 PRMT, 4 HMUL2, the scale's splat folded into the HMUL2
-    operand), against 20 for the LUT recipe that activations used until 2026-11-30."""
+    per word: 3 LOP3, 3 shifts, 4 PRMT, 4 HMUL2 (the scale's splat folded into the operand)."""
     w = Uint32(w)
     signs = w & Uint32(W_SIGNS)
     # Byte j of `even` is the fp16 high byte of n_2j: magnitude from w << 1, sign from bit 8j+3.
@@ -42,7 +40,6 @@ def scales_w(two_scale_bytes: Any) -> Uint32:
     """Two e4m3 scales (low 16 bits) -> fp16x2, each times 2^W_SCALE_EXP (exact: 448 * 128 <
     65504), for dequant_word_w's `scales` (which picks one half)."""
     return mul_f16x2(e4m3x2_to_f16x2(two_scale_bytes), Uint32(W_SCALE_F16X2))
-
 
 
 def dequant_chunk(words: Any, two_scale_bytes: Any) -> list[list[Uint32]]:

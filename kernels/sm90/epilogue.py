@@ -44,7 +44,7 @@ class AsyncEpilogue:
         and signal it full; the storers copy it out while the next tile's steps run. Returns
         the next tile's (k, first scale row). The storers posted both, and this tile's C scale,
         before the first barrier (_store_tiles): the consumers never load alpha themselves (a
-        first-tile load of theirs cost dense_b 0.4 us, bench/RESULTS.md)."""
+        first-tile load of theirs was slower, bench/RESULTS.md)."""
         c_free, c_full = self._c_barriers()
         c_tile = self._c_tile(storage)
         c_free.arrive_and_wait()

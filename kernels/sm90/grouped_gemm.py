@@ -13,45 +13,39 @@ Hopper has no FP4 tensor cores, so the data path is (v3):
            warp 0 loads its first tile's first weight stages; a grid-wide barrier follows (the
            launch is cooperative, so all CTAs are resident; its counters are at the
            grid_barrier parameter, zeroed by the runtime and left zeroed). With
-           Config.stream_a (streamed.py) there is no such phase: warps 1..3 stage A in K order
-           while the tiles run, and the producer waits for each stage's A rows alone
+           Config.stream_a (streamed.py) warps 1..3 stage A in K order while the tiles run
+           instead, and the producer waits for each stage's A rows alone
   phase 2: TMA (packed B fp4 and its scale bytes, per-group descriptors patched in the
            workspace) -> a `stages`-deep mbarrier pipeline; TMA of fp16 A tiles (64 K each)
            -> an `a_slots`-deep ring; one producer warp issues both
-    -> one consumer warpgroup per 64 weight rows of the tile (2 for tile_n 128, 3 for 192, with
-       setmaxnreg moving registers from the producer warpgroup to them) dequantizes B (weights)
-       to fp16 straight into its wgmma register fragments (dequant.dequant_word_w: value *
-       scale * 2^-7) and runs RS wgmma m64nNk16 with A from the ring, fp32 accumulate
-    -> epilogue scales by alpha[g] * 2^14 (both operands carried 2^-7: one FMUL, as before
-       alpha) and rounds to out_dtype; the consumers write the tile into a padded shared C tile
-       and go on (Config.async_epilogue, always on), and warps 1..3 (idle since phase 1) store
-       it to C in 16-byte vectors (rows >= m and cols >= n untouched).
-v2 (Config.a_fp16 false: no phase 1, the consumers converted their A rows per 64-K step) lost
-to v3 with stream_a on its last set, dense_b, and was removed in issue 25 (last at b6627c2).
+    -> one consumer warpgroup per 64 weight rows of the tile (setmaxnreg moves registers from
+       the producer warpgroup to them) dequantizes B to fp16 straight into its wgmma register
+       fragments (dequant.dequant_word_w) and runs RS wgmma m64nNk16 with A from the ring
+    -> epilogue scales by alpha[g] * 2^14 (both operands carried 2^-7: one FMUL) and rounds to
+       out_dtype into a padded shared C tile; warps 1..3 store it to C in 16-byte vectors
+       (rows >= m and cols >= n untouched) while the consumers go on.
+v2 (A converted per tile) was removed in issue 25 (last at b6627c2).
 
 Operand roles are swapped to suit mixture-of-experts shapes (few tokens m, many weight rows n):
 the wgmma M dimension walks B's rows (tile_n per CTA tile, 64 per warpgroup) and the wgmma N
-dimension walks A's rows (`tile_m`: 64 to 128 in steps of 16, or 256), so a small m wastes at most
-tile_m - 1 rows.
+dimension walks A's rows (tile_m, config.TILE_MS), so a small m wastes at most tile_m - 1 rows.
 
-Persistent grouped schedule: CTA b takes tiles b, b + grid, ... of the concatenated per-group tile
-lists described by the CTA prefix table (m-tiles fastest inside a group). Group count, problem
-sizes, pointers and the grid are run-time values; nothing about the call is baked into the cubin.
+Persistent grouped schedule: CTA b takes tiles b, b + grid, ... (Config.blocked_tiles: one run)
+of the concatenated per-group tile lists of the CTA prefix table (m-tiles fastest in a group).
+Group count, problem sizes, pointers and the grid are run-time values; nothing about the call is
+baked into the cubin.
 
 Constraints: k % 64 == 0 (k % 256 with stream_a: config.k_multiple), n % 8 == 0,
 16-byte aligned rows and base pointers, scales padded to 128-row atoms (the blocked layout
-always is). Build:
-    CUTE_DSL_ARCH=sm_90a python -m builder.worker ...   (see build_kernels.py)
+always is). Build: see build_kernels.py (CUTE_DSL_ARCH=sm_90a).
 
 Code: this module holds the host-side trace (TMA templates, shared storage, launch) and what the
-roles share (tables, tile walk, descriptor patching); compile.py compiles it (the builder's
-entry, with the build guards). The roles are mixins:
-staged.py (the role dispatch, phase 1 and the grid barrier), producer.py, consumer.py and
-epilogue.py (the tile loop: TMA loads, K loop, async epilogue), streamed.py (stream_a: staging
-overlapped with the tiles) and weights.py (weights into wgmma registers); structure.py has the
-layout constants they share. Bit tricks live in fp4_bits.py / dequant.py, PTX in ptx.py.
-hooks.py: the no-op diagnostic hooks the roles call, which trace.py's subclass (Config.trace)
-overrides.
+roles share (tables, tile walk, descriptor patching); compile.py compiles it. The roles are
+mixins: staged.py (role dispatch, phase 1, grid barrier), producer.py, consumer.py, epilogue.py
+(the tile loop), streamed.py (stream_a) and weights.py (weights into wgmma registers).
+structure.py has shared layout constants, fp4_bits.py / dequant.py the bit tricks, ptx.py the
+PTX. hooks.py: the no-op diagnostic hooks the roles call, which trace.py's subclass
+(Config.trace) overrides.
 """
 
 from __future__ import annotations
@@ -169,9 +163,8 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
 
     def _record_templates(self, args: KernelArgs) -> None:
         """The four TMA descriptor templates (B, A, SFB, SFA), recorded in `args` in that
-        order: the kernel's first parameters. The kernel never loads through SFA (phase 1 reads
-        A's scales with plain loads); its template and descriptor slot stay, so that the launch
-        ABI and the cubins did not change when v2, which used it, was removed."""
+        order: the kernel's first parameters. Nothing loads through SFA (phase 1 reads A's
+        scales with plain loads); its template and slot keep the launch ABI (and cubins) v2's."""
         tile_n = self.tile_n
 
         packed_b_smem = self._packed_layout(tile_n)
@@ -398,9 +391,9 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
     def _first_group(self, storage, cta: CtaContext) -> Int32:
         """Where a role walks to its first tile's group from: the group itself in a
         device-offsets kernel (found while deriving the tables, in shared memory since _run),
-        group 0 in a list kernel (a few groups, host-built tables). Every role used to walk or
-        search the prefix table for it after the grid barrier, one dependent load per step: up
-        to 12 us of a 30 us call (docs/lab_notebook.md, twentieth session)."""
+        group 0 in a list kernel (a few groups, host-built tables). Walking the prefix table for
+        it after the grid barrier cost up to 12 us of a 30 us call (docs/lab_notebook.md,
+        twentieth session)."""
         group = Int32(0)
         if cutlass.const_expr(self.config.device_offsets):
             group = storage.first_group.get_tensor(cute.make_layout(1))[0]

@@ -27,9 +27,9 @@ class TileProducer:
     @cute.jit
     def _a16_offset(self, cta, group) -> Int64:
         """Byte offset of group `group`'s fp16 A in the staging area. A device-offsets kernel
-        reads it off its ROW_ENDS table (one k for all experts); the list kernel sums the
-        groups before it (a chain of `group` loads: at E = 128 it made the producer's group
-        change the slowest step of a decode tile, docs/lab_notebook.md seventeenth session)."""
+        reads it off its ROW_ENDS table (one k for all experts), since the list kernel's sum
+        over the groups before it is a chain of `group` loads (docs/lab_notebook.md, 17th
+        session: the slowest step of a decode tile at E = 128)."""
         sizes = cta.sizes
         offset = Int64(0)
         if cutlass.const_expr(self.config.device_offsets):

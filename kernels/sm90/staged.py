@@ -1,10 +1,6 @@
-"""v3 of the sm_90a kernel (the only one since issue 25 removed v2): A is converted to fp16
-once per call by every CTA (phase 1), a grid barrier follows, and the persistent tile loop
-TMA-loads fp16 A tiles into a ring the wgmma reads while the consumers convert only the weights
-(kernels/sm90/weights.py).
-This mixin of Sm90GroupedGemm (kernels/sm90/grouped_gemm.py, whose module docstring has the
-whole data path) sets up the pipelines, dispatches the roles and runs phase 1; the tile loop's
-roles are producer.py, consumer.py and epilogue.py."""
+"""v3's setup, role dispatch and phase 1 (a mixin of Sm90GroupedGemm; grouped_gemm.py's module
+docstring has the whole data path): every CTA converts A to fp16 once per call, a grid barrier
+follows, then the tile loop's roles (producer.py, consumer.py, epilogue.py) run."""
 
 from __future__ import annotations
 
@@ -44,13 +40,9 @@ from .staging import (
 )
 from .structure import PACKED_ROW_BYTES, WARPGROUP
 
-# Registers per thread where the consumers need more than an even split of the register file:
-# the producer warpgroup gives up all but the first number, the consumers take the second.
-# Three consumer warpgroups (512 threads, 128 each at launch): 128 * 56 + 384 * 152 = 65536.
-# Two at tile_m 256 (a 128-register accumulator; 384 threads, 168 each at launch):
-# 128 * 56 + 256 * 224 = 64512.
-# Four consumer warpgroups (tile_n 256, tile_m <= 32; 640 threads, 96 each at launch):
-# 128 * 56 + 512 * 104 = 60416.
+# Consumer warpgroups -> (producer, consumer) registers per thread after setmaxnreg, where the
+# consumers need more than the launch's even split: 3: 128 * 56 + 384 * 152 = 65536; 2 (tile_m
+# 256's 128-register accumulator): 128 * 56 + 256 * 224 = 64512; 4: 128 * 56 + 512 * 104.
 REGISTER_SPLITS = {4: (56, 104), 3: (56, 152), 2: (56, 224)}
 # With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
@@ -110,13 +102,10 @@ class StagedA:
         """stream_a (streamed.py): no phase of its own. Warp 0 produces, warps 1..3 stage A and
         then store C tiles, the consumers start at once. `header`: the progress counters'
         address (the grid_barrier parameter)."""
-        # The launch's epoch (streamed.py), read before the CTA barrier: so every read of it in
-        # this CTA happens before the stagers' first count, and CTA 0, which advances it only
-        # after every count (acquiring them), cannot make a CTA of this launch see the next
-        # launch's. That order comes from the barrier and the counts' release, so the read
-        # itself is relaxed: an acquire load made every thread wait for it (CCTL.IVALL) before
-        # the barrier (no measurable change on the H200 either way, bench/RESULTS.md, eleventh
-        # session).
+        # The launch's epoch (streamed.py), read before the CTA barrier so every read of it here
+        # precedes the stagers' first count: CTA 0 advances it only after every count, so no CTA
+        # sees the next launch's. The barrier and the counts' release order it, so the read is
+        # relaxed (an acquire made every thread wait for it, CCTL.IVALL, before the barrier).
         epoch = ld_relaxed_gpu_u32(header + EPOCH_OFFSET)
         lane_tables = self._stager_tables(cta, tidx % 32)
         cute.arch.barrier()  # and the pipelines' mbarriers are initialized before any role waits
@@ -194,25 +183,20 @@ class StagedA:
     @cute.jit
     def _stage_a(self, cta, a16_base, tidx) -> None:
         """Convert every group's A to fp16 at a16_base (groups back to back, rows of k), by
-        every thread but warp 0's (`tidx` counts from the first staging thread). Each
-        thread takes 32-K chunks (16 packed bytes, two scales) in a grid-stride loop and writes
-        them in the kernel's permuted K order (fp4_bits.permuted_chunk), so a TMA tile of 64 K
-        lands in shared memory in the K order of the weights' register fragments.
-        The chunks of all groups form one index space (group after group, rows in order, K
-        chunks fastest), so a thread's chunks are spread over the whole call rather than
-        handled group by group: STAGE_UNROLL chunks per iteration issue their loads before any
-        conversion, and the phase is one memory round trip per thread for calls of up to
-        STAGE_UNROLL * grid * threads chunks, whatever the number of groups.
-        Up to LANE_GROUPS groups, lane g of each warp reads group g's row of the tables and a
-        thread finds its chunks' groups by shuffles, so the phase waits on one table read
-        instead of a chain of them; more groups walk the tables (_stage_chunks)."""
+        every thread but warp 0's (`tidx` from the first staging thread), in 32-K chunks (16
+        packed bytes, two scales) written in the permuted K order (fp4_bits.permuted_chunk), so
+        a 64-K TMA tile lands in the K order of the weights' register fragments.
+        All groups' chunks form one index space (group after group, rows in order, K chunks
+        fastest) walked by a grid-stride loop whose STAGE_UNROLL chunks per iteration issue
+        their loads before any conversion: one memory round trip per thread for up to
+        STAGE_UNROLL * grid * threads chunks, whatever the number of groups. Up to LANE_GROUPS
+        groups, lane g of each warp holds group g's table row and a thread finds its chunks'
+        groups by shuffles (one table read, not a chain); more groups search or walk."""
         if cta.num_groups <= LANE_GROUPS:
             self._stage_chunks(cta, a16_base, tidx, "lanes")
         else:
-            # A device-offsets kernel has the ROW_ENDS table: a binary search per chunk, where
-            # walking the tables cost E dependent loads per thread (about 20 us of phase 1 at
-            # E = 128 on the H200, experiments/decode_bound.py, docs/lab_notebook.md
-            # seventeenth session).
+            # A device-offsets kernel has the ROW_ENDS table: a binary search per chunk; walking
+            # costs E dependent loads per thread (docs/lab_notebook.md, seventeenth session).
             if cutlass.const_expr(self.config.device_offsets):
                 self._stage_chunks(cta, a16_base, tidx, "search")
             else:

@@ -40,8 +40,8 @@ def chunk_addresses(index: Any, first: Any, k: Any, bases: Any,
 # shared by the two lanes of a pair (lane parity p; the even lane holds an even chunk, the odd
 # lane the next one, whose output follows it). Storing its own four vectors, each lane would
 # fill half of a 32-byte sector per store instruction; a partly written sector that is not in
-# L2 costs a DRAM read before the write (measured: 11.4 us of moe_gateup's 23.8 us staging,
-# docs/lab_notebook.md 2026-11-30). Instead each lane sends two vectors to its partner
+# L2 costs a DRAM read before the write (docs/lab_notebook.md, 2026-11-30: about half of
+# moe_gateup's staging). Instead each lane sends two vectors to its partner
 # (PAIR_SEND[p]: the partner receives them as r0, r1) and store i of the pair writes one whole
 # sector: the even lane the first half, the odd lane the second.
 PAIR_SEND = (("v1", "v3"), ("v0", "v2"))  # what lane p sends (as r0, r1)

@@ -1,20 +1,17 @@
 """v3 with Config.stream_a: phase 1 overlapped with the tile loop (a mixin of Sm90GroupedGemm).
 
-Without it, every warp but the producer of every CTA stages all of A to fp16, and a grid barrier
-holds every tile back until the last chunk is written (5-9 us of the benchmark sets, bench/
+Without it, a grid barrier holds every tile back until the last chunk of A is staged (bench/
 RESULTS.md). Here warps 1..3 of each CTA stage A in K-slab order (staging.py, "streamed
-staging") while the consumers start at once; after each streaming iteration a CTA counts it in
-the progress header (staging.py), and the producer, before loading stage kt of a tile's A rows,
-waits until the iterations holding those chunks are counted by every CTA. Warps 1..3 then go
-on to store C tiles (async_epilogue) as before.
+staging") while the consumers start at once; each CTA counts every streaming iteration in the
+progress header (staging.py), and the producer, before loading stage kt of a tile's A rows,
+waits until every CTA has counted the iterations holding them. Warps 1..3 then store C tiles.
 
 Memory order, as the grid barrier had it: a stager warp's generic stores, fence.proxy.async, a
 warp barrier, then its lane 0's release add; the producer's acquire load, then
 fence.proxy.async, then the TMA loads (async proxy) of the fp16 A. Each warp counts its own
-iterations: the stagers never wait for each other, and they use no named barrier (with one
-among them, compute-sanitizer's racecheck reported hazards on the C tile these warps later hand
-over, docs/lab_notebook.md, ninth session). They run at the producer warpgroup's registers, 64 with
-stream_a (staged.py, STREAM_A_SPLIT).
+iterations: the stagers never wait for each other and use no named barrier (with one, racecheck
+reported hazards on the C tile they later hand over, docs/lab_notebook.md, ninth session). They
+run at the producer warpgroup's registers (staged.py, STREAM_A_SPLIT).
 """
 
 from __future__ import annotations
