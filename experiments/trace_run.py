@@ -1,10 +1,10 @@
-"""Where a CTA's time goes, from the clock stamps of a Config.trace build (sm_90a, H200).
+"""Where a CTA's time goes, from the clock stamps of a trace build (sm_90a, H200).
 
-    python build_kernels.py build --spec experiments/trace_ab.yaml --out .trace     # on a CPU
+    python experiments/trace_families.py --out .trace    # on a CPU: experiments/trace_ab.yaml
     PYTHONPATH=. python experiments/trace_run.py --artifacts .trace --sets moe_down dense_a
 
 A trace build stores %clock64 (the SM's cycle counter) at fixed places of a per-CTA record in
-the workspace (kernels/sm90/config.py, TRACE_*): for every 64-K step of the first consumer
+the workspace (experiments/trace_families.py, TRACE_*): for every 64-K step of the first consumer
 warpgroup, for every weight stage of the producer, and at each tile's start and hand-over. This
 script runs each set eagerly on fresh inputs, reads the records back from the runtime's
 workspace and prints medians over the CTAs, in cycles:
@@ -35,10 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_grouped import ALL_SETS, input_sets
-
-import runtime
-from kernels.sm90.config import (
-    K_TILE,
+from trace_families import (
     TRACE_BYTES,
     TRACE_CONSUMER_BYTES,
     TRACE_CTA_EVENTS,
@@ -50,6 +47,9 @@ from kernels.sm90.config import (
     TRACE_TILE_EVENTS,
     TRACE_TILES,
 )
+
+import runtime
+from kernels.sm90.config import K_TILE
 from kernels.sm90.structure import SUB_STEPS
 from runtime.plan import cta_prefix
 

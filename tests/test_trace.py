@@ -1,42 +1,27 @@
-"""Config.trace (a diagnostic build: clock stamps per CTA in the workspace) and
-experiments/trace_run.py's reading of them: the option is checked like the others, a trace build
-compiles (as the shipped kernel with its no-op hooks overridden) and reserves its record in the
-workspace, and the decoder turns known stamps into the
-phase lengths they encode."""
+"""The trace build (experiments/trace_families.py: clock stamps per CTA in the workspace) and
+experiments/trace_run.py's reading of them: the build goes through the families hook with keys
+of its own, compiles (as the shipped kernel with its no-op hooks overridden) and reserves its
+record in the workspace, and the decoder turns known stamps into the phase lengths they
+encode."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from conftest import NEEDS_DSL, compile_sm90
 
-from kernels.sm90.config import (
-    K_TILE,
-    SUB_K,
-    TRACE_BYTES,
-    Config,
-    check,
-)
+from kernels.sm90.config import K_TILE, SUB_K
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "experiments"))
+import trace_families
 import trace_run
+from trace_families import TRACE_BYTES
 
 SUB_STEPS = K_TILE // SUB_K
-
-
-@pytest.mark.parametrize("kwargs, reason", [
-    ({"trace": 1}, "trace must be true or false, but got 1"),
-    ({"trace": True, "device_offsets": True},
-     "device_offsets needs stream_a: false and trace: false (the device-offsets prologue is "
-     "built on the kernel with the grid barrier), but got stream_a False, trace True"),
-])
-def test_trace_is_checked(kwargs, reason) -> None:
-    assert check(Config(**kwargs)) == [reason]
 
 
 def test_the_record_is_whole_128_byte_lines() -> None:
@@ -133,19 +118,25 @@ def test_ctas_without_a_start_stamp_are_skipped() -> None:
     assert got["step: A ready -> issued"] == 20
 
 
-SCRIPT = """
-k = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
-                          patch_ahead=True, stream_a=True, trace=True),
-                   arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
-plain = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
-                              patch_ahead=True, stream_a=True),
-                       arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
+SCRIPT = f"sys.path.insert(0, {str(ROOT / 'experiments')!r})\n" + """
+import trace_kernels
+config = Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True, patch_ahead=True,
+                stream_a=True)
+groups = [(40, 7168, 2048), (196, 7168, 2048)]
+k = trace_kernels.compile_kernel(config, arch="sm_90a", groups=groups)
+plain = compile_kernel(config, arch="sm_90a", groups=groups)
+try:
+    trace_kernels.compile_kernel(Config(device_offsets=True), arch="sm_90a", groups=groups)
+    refused = ""
+except ValueError as exc:
+    refused = str(exc)
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 from kernels.sm90.hooks import TraceHooks
-from kernels.sm90.trace import TracedSm90GroupedGemm
+from trace_kernels import TracedSm90GroupedGemm
 print(json.dumps({"per_cta": [k.tables["tensormap_workspace"]["bytes_per_cta"],
                               plain.tables["tensormap_workspace"]["bytes_per_cta"]],
                   "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx],
+                  "refused": refused,
                   "hooks": sorted(a for a in vars(TraceHooks) if not a.startswith("__")),
                   "replaced": sorted(a for a in vars(TracedSm90GroupedGemm)
                                      if hasattr(Sm90GroupedGemm, a) and not a.startswith("__"))}))
@@ -157,16 +148,21 @@ def test_a_trace_build_reserves_its_record_and_reads_the_clock() -> None:
     out = compile_sm90(SCRIPT)
     assert out["per_cta"][0] == out["per_cta"][1] + TRACE_BYTES
     assert out["clock"] == [True, False]
+    assert out["refused"].startswith("a trace build needs device_offsets: false")
     # The stamps live in a subclass that replaces the shipped kernel's no-op hooks, every one
-    # of them and nothing else (no role of the shipped kernel has a traced copy).
-    assert out["replaced"] == out["hooks"]
+    # of them and nothing else (no role of the shipped kernel has a traced copy), and lifts the
+    # no-stack-frame guard (the stamps spill a few per-tile values).
+    assert out["replaced"] == sorted([*out["hooks"], "REQUIRE_NO_STACK_FRAME"])
 
 
-def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
+def test_the_trace_spec_builds_known_sets_as_the_traced_kernel() -> None:
     from builder.families import load_families
+    from builder.plan import expand
     from builder.spec import load_spec
 
-    spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", load_families("kernels.families"))
+    fams = load_families(trace_families.FAMILIES_MODULE)
+    assert fams.family_for("sm_90a").compile_module == "trace_kernels"
+    spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", fams)
     bench = ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
     # The decode sets (eighteenth session): bench_models' 64 tokens x 8 routing, experts with
     # tokens only, traced with the decode tiles; trace_run reads their groups from the manifest.
@@ -186,4 +182,10 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
                     for b in s.builds} == {tile}
     for name in tiny:
         assert by_name[name].groups == by_name[name.replace("tiny", "decode")].groups
-        assert all(b.options_dict()["trace"] is True for b in s.builds)
+    # A trace kernel never shares a build key with the shipped kernel of the same options (the
+    # trace modules are part of its sources), so one artifacts tree cannot mix them up.
+    shipped = load_families("kernels.families")
+    plain = {i.name: i.key for i in expand(load_spec(ROOT / "experiments" / "trace_ab.yaml",
+                                                     shipped), shipped)}
+    traced = {i.name: i.key for i in expand(spec, fams)}
+    assert traced.keys() == plain.keys() and not set(traced.values()) & set(plain.values())

@@ -1,16 +1,15 @@
-"""Config.trace's clock stamps (a diagnostic build option; experiments/trace_run.py reads them): a
-record per CTA in the workspace, between the descriptors and the fp16 A (where stream-K's
-partial slots would sit), with the SM's %clock64 at fixed places (kernels/sm90/config.py,
-TRACE_*). TracedSm90GroupedGemm overrides the shipped kernel's no-op hooks (hooks.py);
-compile_kernel picks it for a trace config, so the shipped kernels hold none of it."""
+"""The trace build's kernel (experiments/trace_families.py; its compile module, so it imports
+cutlass): TracedSm90GroupedGemm overrides the shipped kernel's no-op hooks
+(kernels/sm90/hooks.py) with clock stamps into a record per CTA in the workspace, between the
+descriptors and the fp16 A, at the places trace_families.TRACE_* lay out. The shipped kernels
+hold none of it."""
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
-
-from .config import (
+from trace_families import (
     TRACE_BYTES,
     TRACE_CONSUMER_BYTES,
     TRACE_GLOBAL_EVENTS,
@@ -21,9 +20,22 @@ from .config import (
     TRACE_TILE_EVENTS,
     TRACE_TILES,
 )
-from .grouped_gemm import Sm90GroupedGemm
-from .ptx import stamp_clock, stamp_globaltimer
-from .structure import SUB_STEPS
+
+from kernels.abi import CompiledKernel
+from kernels.sm90 import compile as sm90_compile
+from kernels.sm90.config import Config
+from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+from kernels.sm90.ptx import stamp_clock, stamp_globaltimer
+from kernels.sm90.structure import SUB_STEPS
+
+
+def compile_kernel(config: Config, *, arch: str, groups: list) -> CompiledKernel:
+    """The build worker's entry (trace_families.py): `config` as TracedSm90GroupedGemm."""
+    if config.device_offsets:
+        raise ValueError("a trace build needs device_offsets: false (the device-offsets "
+                         "prologue is not traced); trace a list set")
+    return sm90_compile.compile_kernel(config, arch=arch, groups=groups,
+                                       kernel_class=TracedSm90GroupedGemm)
 
 
 class TracedSm90GroupedGemm(Sm90GroupedGemm):
@@ -32,6 +44,7 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
     tile, whether this thread records it); hooks given None stamp nothing."""
 
     trace_bytes = TRACE_BYTES
+    REQUIRE_NO_STACK_FRAME = False  # the stamps spill a few per-tile values outside the K loop
 
     def _trace_start(self, workspace, a16_base, tidx, bidx, grid) -> Int64:
         """Reserve the grid's records before A (returns A's new base) and stamp the CTA's
@@ -95,7 +108,7 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
                 + Int64(bidx * TRACE_BYTES + offset))
 
     def _stamp_cta(self, event: int, rec) -> None:
-        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records.
+        """One of the CTA's own events (TRACE_CTA_EVENTS), after its tiles' records.
         The events named in TRACE_GLOBAL_EVENTS also get a %globaltimer stamp in their own
         slot, which compares across CTAs."""
         self._stamp_tile_at(Int32(TRACE_TILES), event, rec)
