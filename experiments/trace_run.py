@@ -168,36 +168,45 @@ def summarize(r: dict, grid: int, tiles_per_cta: list[int], stages: int) -> dict
     return {key: statistics.median(v) for key, v in per.items()}
 
 
+def traced_call(gg: runtime.GroupedGemm, kernel, grid: int, tables_per_cta: int, call,
+                label: str, tiles: int, stages: int) -> dict:
+    """Run `call` (warmed up already) once with kernel's trace region zeroed and summarize its
+    records: the region sits past the header and every CTA's descriptor sets and
+    `tables_per_cta` bytes of derived tables (a device-offsets kernel's), CTAs strided."""
+    rt = gg._runtimes[torch.cuda.current_device()]
+    workspace = kernel.tables.tensormap_workspace
+    header, per_cta = workspace.header_bytes, workspace.bytes_per_cta
+    [(ws, _, _)] = [w for (stream, h), w in rt._workspaces.items() if h == header]
+    start = header + grid * (per_cta - TRACE_BYTES + tables_per_cta)
+    region = ws[start:start + grid * TRACE_BYTES]
+    region.zero_()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    call()
+    end.record()
+    torch.cuda.synchronize()
+    r = split_records(region.view(torch.int64).cpu(), grid)
+    tiles_per_cta = [len(range(c, tiles, grid)) for c in range(grid)]
+    span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
+    summary = summarize(r, grid, tiles_per_cta, stages)
+    summary.update(across_ctas(r))
+    return {"set": label, "grid": grid, "tiles": tiles, "call_us": begin.elapsed_time(end) * 1e3,
+            "span_cycles": span, "phases": summary}
+
+
 def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
     probs = input_sets(groups)[:3]
     outs = [torch.empty(m, n, dtype=torch.float16, device="cuda") for m, n, _ in groups]
     for p in probs[:2]:  # warm-up: the workspace is allocated and the module loaded
         gg.grouped_gemm(p.a, p.b, p.sfa, p.sfb, out=outs)
     torch.cuda.synchronize()
-    rt = gg._runtimes[torch.cuda.current_device()]
     kernel = next(k for k in gg.kernels if k.name.startswith(name + "."))
-    workspace = kernel.tables.tensormap_workspace
-    header, per_cta = workspace.header_bytes, workspace.bytes_per_cta
-    tile_m, tile_n = kernel.tile.m, kernel.tile.n
-    tiles = cta_prefix(groups, tile_m, tile_n)[-1]
+    tiles = cta_prefix(groups, kernel.tile.m, kernel.tile.n)[-1]
     grid = min(tiles, torch.cuda.get_device_properties(0).multi_processor_count)
-    [(ws, _, _)] = [w for (stream, h), w in rt._workspaces.items() if h == header]
-    start = header + grid * (per_cta - TRACE_BYTES)
-    region = ws[start:start + grid * TRACE_BYTES]
-    region.zero_()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    gg.grouped_gemm(probs[2].a, probs[2].b, probs[2].sfa, probs[2].sfb, out=outs)
-    end.record()
-    torch.cuda.synchronize()
-    r = split_records(region.view(torch.int64).cpu(), grid)
-    tiles_per_cta = [len(range(c, tiles, grid)) for c in range(grid)]
-    stages = min(groups[0][2] // K_TILE, TRACE_STAGES)
-    span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
-    summary = summarize(r, grid, tiles_per_cta, stages)
-    summary.update(across_ctas(r))
-    return {"set": name, "grid": grid, "tiles": tiles, "call_us": begin.elapsed_time(end) * 1e3,
-            "span_cycles": span, "phases": summary}
+    return traced_call(gg, kernel, grid, 0,
+                       lambda: gg.grouped_gemm(probs[2].a, probs[2].b, probs[2].sfa,
+                                               probs[2].sfb, out=outs),
+                       name, tiles, min(groups[0][2] // K_TILE, TRACE_STAGES))
 
 
 def trace_serving(gg: runtime.GroupedGemm, name: str, tokens: int) -> dict:
@@ -222,29 +231,12 @@ def trace_serving(gg: runtime.GroupedGemm, name: str, tokens: int) -> dict:
     for _ in range(2):  # warm-up: the workspace is allocated and the module loaded
         gg.scaled_grouped_mm(*call, out=out)
     torch.cuda.synchronize()
-    rt = gg._runtimes[torch.cuda.current_device()]
-    workspace = kernel.tables.tensormap_workspace
-    header, per_cta = workspace.header_bytes, workspace.bytes_per_cta
-    grid = torch.cuda.get_device_properties(0).multi_processor_count
-    [(ws, _, _)] = [w_ for (stream, h), w_ in rt._workspaces.items() if h == header]
-    start = header + grid * (per_cta - TRACE_BYTES + offsets_tables_bytes(layer.experts))
-    region = ws[start:start + grid * TRACE_BYTES]
-    region.zero_()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    gg.scaled_grouped_mm(*call, out=out)
-    end.record()
-    torch.cuda.synchronize()
-    r = split_records(region.view(torch.int64).cpu(), grid)
-    tile_m, tile_n = kernel.tile.m, kernel.tile.n
-    tiles = sum(-(-c // tile_m) for c in counts) * -(-layer.n // tile_n)
-    tiles_per_cta = [len(range(c, tiles, grid)) for c in range(grid)]
-    stages = min(-(-layer.k // K_TILE), TRACE_STAGES)
-    span = int(r["steps"].max()) - int(r["start"][r["start"] > 0].min())
-    summary = summarize(r, grid, tiles_per_cta, stages)
-    summary.update(across_ctas(r))
-    return {"set": f"{name} {tokens} x {topk}", "grid": grid, "tiles": tiles,
-            "call_us": begin.elapsed_time(end) * 1e3, "span_cycles": span, "phases": summary}
+    tiles = sum(-(-c // kernel.tile.m) for c in counts) * -(-layer.n // kernel.tile.n)
+    return traced_call(gg, kernel, torch.cuda.get_device_properties(0).multi_processor_count,
+                       offsets_tables_bytes(layer.experts),
+                       lambda: gg.scaled_grouped_mm(*call, out=out),
+                       f"{name} {tokens} x {topk}", tiles,
+                       min(-(-layer.k // K_TILE), TRACE_STAGES))
 
 
 def set_groups(gg: runtime.GroupedGemm, name: str) -> list:

@@ -101,16 +101,20 @@ def test_the_decoder_reads_back_the_phases() -> None:
         "tile start: first step starts -> issued"))
 
 
-def test_the_globaltimer_stamps_compare_ctas() -> None:
-    grid = 3
+def _globals(grid: int, stamps: dict[int, tuple]) -> dict:
+    """Zeroed records of `grid` CTAs with %globaltimer event e stamped stamps[e][cta]."""
     r = trace_run.split_records(torch.zeros(grid * TRACE_BYTES // 8, dtype=torch.int64), grid)
-    assert trace_run.across_ctas(r) == {}  # nothing stamped (a build without stream_a)
-    g = r["global"]
+    for event, values in stamps.items():
+        for cta, value in enumerate(values):
+            r["global"][event][cta] = value
+    return r
+
+
+def test_the_globaltimer_stamps_compare_ctas() -> None:
+    assert trace_run.across_ctas(_globals(3, {})) == {}  # nothing stamped
     # CTA starts (ns) 1000, 1100, 1040; first counts 3000, 3600, 3100; first A found 4000,
     # 4300, 4040.
-    for cta, (start, count, found) in enumerate(((1000, 3000, 4000), (1100, 3600, 4300),
-                                                 (1040, 3100, 4040))):
-        g[0][cta], g[5][cta], g[4][cta] = start, count, found
+    r = _globals(3, {0: (1000, 1100, 1040), 5: (3000, 3600, 3100), 4: (4000, 4300, 4040)})
     assert trace_run.across_ctas(r) == {
         "CTA starts: last - first (ns)": 100,
         "first A found staged, from the CTA's start: median (ns)": 3000,
@@ -119,13 +123,8 @@ def test_the_globaltimer_stamps_compare_ctas() -> None:
 
 
 def test_the_globaltimer_stamps_time_phase_1_and_the_grid_barrier() -> None:
-    grid = 3
-    r = trace_run.split_records(torch.zeros(grid * TRACE_BYTES // 8, dtype=torch.int64), grid)
-    g = r["global"]
     # CTA starts 1000, 1100, 1040; staged 3000, 3600, 3100; barrier passed 3700, 3650, 3690.
-    for cta, (start, staged, passed) in enumerate(((1000, 3000, 3700), (1100, 3600, 3650),
-                                                   (1040, 3100, 3690))):
-        g[0][cta], g[9][cta], g[10][cta] = start, staged, passed
+    r = _globals(3, {0: (1000, 1100, 1040), 9: (3000, 3600, 3100), 10: (3700, 3650, 3690)})
     assert trace_run.across_ctas(r) == {
         "CTA starts: last - first (ns)": 100,
         "phase 1 staged, from the CTA's start: median (ns)": 2060,
