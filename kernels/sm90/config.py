@@ -34,6 +34,12 @@ TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
 # converting warps on each scheduler to hide the conversion chain's latency.
 TILE_NS = (128, 192, 256)
 TILE_N_WIDE_MAX_M = 32
+# inline_a: two converter warps (one storer warp left) take turns at a tile's 256-K stages of
+# A, a lane loading one row's chunk h of each 64-K step for each INLINE_A_ROWS rows of the tile
+# (two lanes per row); tile_m past INLINE_A_MAX_M would need more registers.
+INLINE_A_WARPS = 2
+INLINE_A_ROWS = 16
+INLINE_A_MAX_M = 32
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,12 @@ class Config:
     # run of tiles, instead of a new expert (patch, table walk) at every tile. The same
     # ceil(tiles / grid) tiles for the busiest CTA either way.
     blocked_tiles: bool = False
+    # With device_offsets and tile_m <= 32 (decode tiles): no phase 1 and no grid barrier.
+    # Warps 1 and 2 of the producer warpgroup convert each tile's packed A rows into the fp16
+    # ring themselves as the consumers free its slots (kernels/sm90/inline_a.py); warp 3
+    # stores C. Every n-tile of an expert converts its A again: cheap at 16-32
+    # rows, which is why larger tiles keep phase 1 (docs/lab_notebook.md, second session).
+    inline_a: bool = False
     # Diagnostics only (never in shapes.yaml): the producer and the first consumer warpgroup
     # store %clock64 at their pipeline events into TRACE_BYTES of workspace per CTA, which
     # experiments/trace_run.py reads back. compile_kernel builds it as trace.py's subclass
@@ -266,6 +278,15 @@ def check(config: Config) -> list[str]:
     elif config.blocked_tiles and config.device_offsets is not True:
         reasons.append("blocked_tiles needs device_offsets: true (the list kernels keep the "
                        "strided tile order their bit-identical cubins were measured with)")
+    if not isinstance(config.inline_a, bool):
+        reasons.append(f"inline_a must be true or false, but got {config.inline_a!r}")
+    elif config.inline_a and config.device_offsets is not True:
+        reasons.append("inline_a needs device_offsets: true (the list kernels stage A in phase "
+                       "1; give it on an experts: set)")
+    elif config.inline_a and config.tile_m > INLINE_A_MAX_M:
+        reasons.append(f"inline_a needs tile_m at most {INLINE_A_MAX_M} (a converter lane "
+                       f"holds its chunks of tile_m / 16 rows in registers), but got tile_m "
+                       f"{config.tile_m}")
     if not 2 <= config.a_slots <= 32:
         reasons.append(f"a_slots must be in 2..32, but got {config.a_slots}")
     if not 2 <= config.stages <= 8:

@@ -14,9 +14,9 @@ from kernels import tables
 from .config import C_ROW_PAD
 from .ptx import ld_shared_v4, st_global_v4
 
-# async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory. Named barriers
-# between the two sides (0 is the CTA's; 1 was v2's step barrier, 2 stream-K's): the C tile is
-# free to write, and it is full.
+# async_epilogue: warps 1..3 store the tiles the consumers leave in shared memory (those of them
+# that do not convert A, with inline_a). Named barriers between the two sides (0 is the CTA's; 1
+# was v2's step barrier, 2 stream-K's): the C tile is free to write, and it is full.
 STORERS = 3 * 32
 _C_FREE, _C_FULL = 3, 4
 
@@ -33,9 +33,13 @@ class AsyncEpilogue:
     def _c_barriers(self) -> tuple:
         """async_epilogue's two named barriers, consumers and storers together: the shared C
         tile is free to write, and it is full."""
-        both = self.consumer_threads + STORERS
+        both = self.consumer_threads + self._storers()
         return (pipeline.NamedBarrier(barrier_id=_C_FREE, num_threads=both),
                 pipeline.NamedBarrier(barrier_id=_C_FULL, num_threads=both))
+
+    def _storers(self) -> int:
+        """Threads that store C tiles: warps 1..3 but inline_a's converter warps."""
+        return STORERS - 32 * self._converter_warps()
 
     @cute.jit
     def _hand_over_tile(self, acc, coords, storage, trace=None) -> tuple:
@@ -95,10 +99,10 @@ class AsyncEpilogue:
 
     @cute.jit
     def _store_tiles(self, storage, cta, st) -> None:
-        """async_epilogue, warps 1..3 (`st` 0..95): for each of this CTA's tiles, wait until the
-        consumers have filled the shared C tile, copy its rows inside (m, n) to C in 16-byte
-        vectors, and hand the tile back (a full barrier, met by the consumers at their next
-        tile's end)."""
+        """async_epilogue, warps 1..3 (`st` 0.. over _storers()): for each of this CTA's
+        tiles, wait until the consumers have filled the shared C tile, copy its rows inside
+        (m, n) to C in 16-byte vectors, and hand the tile back (a full barrier, met by the
+        consumers at their next tile's end)."""
         sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
         first, step, end = cta.first_tile, cta.tile_step, cta.tile_end
         c_free, c_full = self._c_barriers()
@@ -130,7 +134,7 @@ class AsyncEpilogue:
             c_address = ptrs[group, tables.PTR_C]
             c_full.arrive_and_wait()
             ahead = self._post_next_tile(storage, cta, tile + 2 * step, ahead, st)
-            for v in cutlass.range(st, self.tile_m * vecs, STORERS, unroll=4):
+            for v in cutlass.range(st, self.tile_m * vecs, self._storers(), unroll=4):
                 r = v // vecs
                 c8 = (v - r * vecs) * 8
                 if row0 + r < m and col0 + c8 < n:

@@ -83,6 +83,7 @@ from .context import CtaContext
 from .epilogue import AsyncEpilogue
 from .fp4_bits import ACC_UNSCALE
 from .hooks import TraceHooks
+from .inline_a import InlineA
 from .producer import TileProducer
 from .ptx import trap
 from .staged import HEADER_BYTES, StagedA
@@ -99,7 +100,7 @@ _PH_K = 4096  # placeholder K of the fp16 A template
 C_DTYPES = {"float16": Float16, "bfloat16": BFloat16}
 
 
-class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA,
+class Sm90GroupedGemm(StagedA, InlineA, TileProducer, TileConsumer, AsyncEpilogue, StreamedA,
                       WeightFragments, TraceHooks):
     """One persistent warp-specialized kernel per Config; see the module docstring."""
 
@@ -366,8 +367,9 @@ class Sm90GroupedGemm(StagedA, TileProducer, TileConsumer, AsyncEpilogue, Stream
         return bidx
 
     def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
-        """A TMA-fed mbarrier pipeline: one producer thread; consumer_release arrives once per
-        consumer warp (lane 0)."""
+        """A TMA-fed mbarrier pipeline: one producer thread (or, for inline_a's A ring, one
+        lane of a converter warp: a plain arrival); consumer_release arrives once per consumer
+        warp (lane 0)."""
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers.data_ptr(),
             num_stages=stages,

@@ -102,7 +102,8 @@ class TileProducer:
         advanced state, as _produce_b."""
         a_pipe = mainloop.a_pipe
         a16 = mainloop.storage.a16.data_ptr()
-        for s in cutlass.range_constexpr(SUB_STEPS):
+        # inline_a: the converter warps fill the ring (inline_a.py), never this warp.
+        for s in cutlass.range_constexpr(0 if self.config.inline_a else SUB_STEPS):
             a_pipe.producer_acquire(a_state)
             self._stamp_stage(trace, kt, 2 + s)
             tma.tma_load(d_a, a16 + a_state.index * (self.tile_m * SUB_K),
@@ -131,7 +132,8 @@ class TileProducer:
         b_state, a_state = self._producer_tiles_ahead(mainloop, ws, cta, b_state, a_state, pre,
                                                       prev_group, progress)
         mainloop.b_pipe.producer_tail(b_state)
-        mainloop.a_pipe.producer_tail(a_state)
+        if cutlass.const_expr(not self.config.inline_a):
+            mainloop.a_pipe.producer_tail(a_state)
 
     @cute.jit
     def _tile_loads(self, ws, cta, desc_set, tile, group, m, progress=None) -> tuple:

@@ -47,7 +47,12 @@ REGISTER_SPLITS = {4: (56, 104), 3: (56, 152), 2: (56, 224)}
 # With stream_a the producer warpgroup's warps 1..3 also stage A, and 56 registers are too few
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
 STREAM_A_SPLIT = (64, 144)
-for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT)):
+# inline_a's converter warps hold a stage's loads (20 words per 16 rows) at the producer's
+# registers: 64, and 80 where three consumer warpgroups leave room (tile_m 32).
+INLINE_A_SPLITS = {(16, 4): (64, 104), (16, 3): (64, 144), (32, 4): (64, 104),
+                   (32, 3): (80, 144)}
+for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT),
+                                     *((w, s) for (_, w), s in INLINE_A_SPLITS.items())):
     assert register_split_fits(_wgs, _producer, _consumer), (_wgs, _producer, _consumer)
 # The grid barrier: an arrival counter, then the generation word on its own 64-byte line, at
 # the kernel's grid_barrier parameter. The runtime zeroes it once and every launch leaves the
@@ -79,7 +84,9 @@ class StagedA:
                                      cta.num_groups)
         mainloop = Mainloop(atoms=atoms, storage=storage, b_pipe=b_pipe, a_pipe=a_pipe,
                          desc_base=ws_base + self.header_bytes, a16_base=a16_base)
-        if cutlass.const_expr(self.config.stream_a):
+        if cutlass.const_expr(self.config.inline_a):
+            self._roles_inline(mainloop, cta, tidx, warp_idx)
+        elif cutlass.const_expr(self.config.stream_a):
             self._roles_streamed(mainloop, cta, grid_barrier.toint(), tidx, warp_idx)
         else:
             self._roles_barrier(mainloop, cta, grid_barrier, tidx, warp_idx)
@@ -180,6 +187,8 @@ class StagedA:
         if warpgroups >= 3 or (warpgroups == 2 and self.tile_m == 256):
             if warpgroups == 3 and self.config.stream_a:
                 return STREAM_A_SPLIT
+            if self.config.inline_a and (self.tile_m, warpgroups) in INLINE_A_SPLITS:
+                return INLINE_A_SPLITS[(self.tile_m, warpgroups)]
             return REGISTER_SPLITS[warpgroups]
         return None
 

@@ -109,3 +109,28 @@ def progress_target(iteration: Any, iterations: Any, counters: Any) -> tuple[Any
     if iteration < PROGRESS_SLOTS - 1:
         return counters, iteration + 1
     return counters * (iterations - (PROGRESS_SLOTS - 1)), iterations
+
+
+# ------------------------------------------------------------------ inline A (Config.inline_a)
+# A converter warp covers INLINE_A_ROWS rows of a tile: lane 2 r + h converts chunk h (32 K) of
+# row r of each 64-K step, and writes its 64 fp16 bytes straight into the A ring's slot where the
+# TMA box of the staged copy would have put them: row r at r * SUB_K * 2 bytes, 16-byte vector
+# c (= 4 h + q, the permuted order phase 1 writes) at c XOR (r % 8) (TMA's 128-byte swizzle,
+# which is what the slot's wgmma layout reads).
+def inline_row_offsets(row: Any, k: Any) -> tuple[Any, Any]:
+    """(packed A, scale) byte offsets of row `row` of a group, from the group's A and SFA
+    pointers: chunk_addresses' row terms (the chunk terms are inline_chunk_offsets')."""
+    return (row * (k // 2),
+            (row // 128) * (k // 64) * SCALE_ATOM_BYTES + (row % 32) * 16
+            + ((row % 128) // 32) * 4)
+
+
+def inline_chunk_offsets(kc: Any) -> tuple[Any, Any]:
+    """(packed A, scale) byte offsets of 32-K chunk kc from its row's: 16 packed bytes, and its
+    two scales, adjacent in the blocked layout's atom of 64 K."""
+    return kc * 16, (kc // 2) * SCALE_ATOM_BYTES + (kc % 2) * 2
+
+
+def inline_smem_offset(r: Any, h: Any, q: Any) -> Any:
+    """Byte offset in an A slot of row r's 16-byte vector q of chunk h (0 or 1) of the step."""
+    return r * (SUB_K * 2) + (((h * 4 + q) ^ (r % 8)) * 16)

@@ -1,0 +1,70 @@
+"""inline_a (Config.inline_a, kernels/sm90/inline_a.py): which configs take it, and the byte
+formulas its converter warps use, against phase 1's (staging.chunk_addresses) and the 128-byte
+swizzle TMA writes the fp16 A ring with."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.sm90.config import INLINE_A_MAX_M, Config, check
+from kernels.sm90.fp4_bits import permuted_chunk
+from kernels.sm90.staged import INLINE_A_SPLITS, StagedA
+from kernels.sm90.staging import (
+    A_CHUNK_K,
+    chunk_addresses,
+    inline_chunk_offsets,
+    inline_row_offsets,
+    inline_smem_offset,
+)
+
+
+def test_inline_a_takes_device_offsets_decode_tiles_only() -> None:
+    assert check(Config(device_offsets=True, inline_a=True, tile_m=16, tile_n=256)) == []
+    assert check(Config(device_offsets=True, inline_a=True, tile_m=32, tile_n=192)) == []
+    assert check(Config(inline_a=True, tile_m=16)) == [
+        "inline_a needs device_offsets: true (the list kernels stage A in phase 1; give it on an "
+        "experts: set)"]
+    assert check(Config(device_offsets=True, inline_a=True, tile_m=64)) == [
+        f"inline_a needs tile_m at most {INLINE_A_MAX_M} (a converter lane holds its chunks of "
+        f"tile_m / 16 rows in registers), but got tile_m 64"]
+    assert check(Config(device_offsets=True, inline_a=1, tile_m=16)) == [
+        "inline_a must be true or false, but got 1"]
+
+
+@pytest.mark.parametrize("k", [768, 2048, 2880, 7168])
+def test_row_and_chunk_offsets_sum_to_phase_1s_addresses(k: int) -> None:
+    """The converter's (packed, scale) source of row r, chunk kc is phase 1's for the same
+    chunk: split into the per-tile row term and the per-step chunk term."""
+    per_row = k // A_CHUNK_K
+    for row in (0, 1, 15, 31, 32, 127, 128, 129, 300, 511):
+        for kc in range(per_row):
+            src, sf, _ = chunk_addresses(row * per_row + kc, 0, k, lambda: (0, 0, 0))
+            (a_row, sf_row), (a_kc, sf_kc) = inline_row_offsets(row, k), inline_chunk_offsets(kc)
+            assert (a_row + a_kc, sf_row + sf_kc) == (src, sf), (row, kc)
+
+
+@pytest.mark.parametrize("tile_m", [16, 32])
+def test_smem_offsets_are_tmas_swizzled_box(tile_m: int) -> None:
+    """Chunk h, vector q of row r lands where a 128B-swizzled TMA box of the staged fp16 row
+    puts it: the staged row's 16-byte vector 4 h + permuted q at byte 16 (c ^ (r % 8)) of row
+    r's 128 bytes; every byte of the slot is written exactly once."""
+    seen = set()
+    for r in range(tile_m):
+        for h in range(2):
+            for q in range(4):
+                c = 4 * h + permuted_chunk(0, q)[0]  # phase 1's vector in the staged row
+                linear = r * 128 + 16 * c  # where TMA reads it from in the box
+                swizzled = linear ^ (((linear >> 7) & 7) << 4)  # SWIZZLE_128B
+                offset = inline_smem_offset(r, h, q)
+                assert offset == swizzled
+                seen.add(offset)
+    assert seen == set(range(0, tile_m * 128, 16))
+
+
+@pytest.mark.parametrize("tile_m, tile_n", [(16, 256), (16, 192), (32, 256), (32, 192)])
+def test_inline_a_register_split_is_the_configs(tile_m: int, tile_n: int) -> None:
+    """The setmaxnreg split an inline_a kernel gets (fits: the module-level assert)."""
+    kernel = StagedA.__new__(StagedA)
+    kernel.config = Config(device_offsets=True, inline_a=True, tile_m=tile_m, tile_n=tile_n)
+    kernel.tile_m, kernel.consumer_threads = tile_m, tile_n * 2
+    assert kernel._register_split() == INLINE_A_SPLITS[(tile_m, tile_n // 64)]
