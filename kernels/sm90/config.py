@@ -38,6 +38,7 @@ TILE_N_WIDE_MAX_M = 32
 # A, a lane loading one row's chunk h of each 64-K step for each INLINE_A_ROWS rows of the tile
 # (two lanes per row); tile_m past INLINE_A_MAX_M would need more registers.
 INLINE_A_WARPS = 2
+INLINE_A_ARRIVALS = 32  # a slot is full once every lane of its converter warp has arrived
 INLINE_A_ROWS = 16
 INLINE_A_MAX_M = 32
 

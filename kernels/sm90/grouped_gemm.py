@@ -366,14 +366,15 @@ class Sm90GroupedGemm(StagedA, InlineA, TileProducer, TileConsumer, AsyncEpilogu
             return bidx * ((total + grid - 1) // grid)
         return bidx
 
-    def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int) -> Any:
-        """A TMA-fed mbarrier pipeline: one producer thread (or, for inline_a's A ring, one
-        lane of a converter warp: a plain arrival); consumer_release arrives once per consumer
-        warp (lane 0)."""
+    def _tma_pipeline(self, barriers: Any, stages: int, tx_bytes: int, producers: int = 1
+                      ) -> Any:
+        """A TMA-fed mbarrier pipeline: `producers` arrivals fill a slot (the thread issuing
+        the TMA; inline_a's A ring: every lane of a converter warp, plain arrivals);
+        consumer_release arrives once per consumer warp (lane 0)."""
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barriers.data_ptr(),
             num_stages=stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, producers),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
                                                      self.consumer_threads // 32),
             tx_count=tx_bytes,

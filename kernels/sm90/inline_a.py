@@ -71,9 +71,9 @@ class InlineA:
         step of row r, and of row r + 16 at tile_m 32); the two warps take the batches in turn,
         numbered across tiles, so each has two stages' time for its loads' latency. Each step
         is converted and stored once its slot is free, fenced for the wgmma (async proxy), and
-        lane 0 arrives on the slot's full barrier. Rows past the group's m read its last row
-        (their C rows are never stored); chunks past k (a last stage running past it) are
-        zeros, as TMA's fill was."""
+        every lane arrives on the slot's full barrier (INLINE_A_ARRIVALS). Rows past the
+        group's m read its last row (their C rows are never stored); chunks past k (a last
+        stage running past it) are zeros, as TMA's fill was."""
         sizes, ptrs, prefix = cta.sizes, cta.ptrs, cta.prefix
         a_pipe = mainloop.a_pipe
         a16 = mainloop.storage.a16.data_ptr().toint()
@@ -128,11 +128,12 @@ class InlineA:
                                     st_shared_v4(base + inline_smem_offset(r + j * INLINE_A_ROWS, h,
                                                                            q),
                                                  *[outs[w][q] for w in range(4)])
-                            # This lane's stores, then the warp's, before the wgmma reads the slot.
+                            # Each lane fences its own stores for the wgmma (async proxy) and
+                            # arrives itself: one lane arriving for the warp after a warp
+                            # barrier gave wrong rows about once in 200 calls (twenty-first
+                            # session, run 5).
                             cute.arch.fence_view_async_shared()
-                            cute.arch.sync_warp()
-                            if lane == 0:
-                                cute.arch.mbarrier_arrive(a_pipe.sync_object_full.get_barrier(slot))
+                            cute.arch.mbarrier_arrive(a_pipe.sync_object_full.get_barrier(slot))
                 batch += 1
                 step += batch_steps
             tile += cta.tile_step

@@ -13,7 +13,7 @@ from kernels.device_offsets import lane_scan, row_ends, staged_start
 from runtime.formats import offsets_tables_bytes
 
 from . import tma
-from .config import LANE_GROUPS, SUB_K, register_split_fits
+from .config import INLINE_A_ARRIVALS, LANE_GROUPS, SUB_K, register_split_fits
 from .context import Mainloop
 from .dequant import dequant_chunk
 from .fp4_bits import permuted_chunk
@@ -76,7 +76,8 @@ class StagedA:
         b_pipe = self._tma_pipeline(storage.mbar, self.stages,
                                     self.tile_n * PACKED_ROW_BYTES + self.sfb_stage_bytes)
         a_pipe = self._tma_pipeline(storage.mbar_a, self.config.a_slots,
-                                    self._a16_load_rows() * SUB_K * 2)
+                                    self._a16_load_rows() * SUB_K * 2,
+                                    INLINE_A_ARRIVALS if self.config.inline_a else 1)
         cta = self._context(*tables_)
         ws_base = workspace.toint()
         a16_base = self._past_descriptors(ws_base, cta.grid, cta.num_groups)
