@@ -98,14 +98,9 @@ class DeviceOffsets:
         sizes_at = slot + Int64(POINTER_ROW_BYTES) * Int64(num_groups)
         prefix_at = sizes_at + Int64(PROBLEM_ROW_BYTES) * Int64(num_groups)
         first_group = Int32(-1)
-        if cutlass.const_expr(first_tile_of is None):
-            if warp_idx == 0:
-                self._derive_tables(index, operands, slot, sizes_at, prefix_at, num_groups,
-                                    rows, n, k, tidx)
-        else:
-            if warp_idx == 0:
-                first_group = self._derive_tables(index, operands, slot, sizes_at, prefix_at,
-                                                  num_groups, rows, n, k, tidx, first_tile_of)
+        if warp_idx == 0:
+            first_group = self._derive_tables(index, operands, slot, sizes_at, prefix_at,
+                                              num_groups, rows, n, k, tidx, first_tile_of)
         # The tables (plain global stores of warp 0) are read by every role from here on.
         cute.arch.barrier()
         gmem = cute.AddressSpace.gmem

@@ -18,7 +18,7 @@ from .config import INLINE_A_ROWS, INLINE_A_WARPS, SUB_K
 from .dequant import dequant_chunk
 from .ptx import ld_global_nc_u16, ld_global_nc_v4, st_shared_v4
 from .staging import A_CHUNK_K, inline_chunk_offsets, inline_row_offsets, inline_smem_offset
-from .structure import SUB_STEPS, WARPGROUP
+from .structure import SUB_STEPS
 
 
 class InlineA:
@@ -32,37 +32,22 @@ class InlineA:
     def _roles_inline(self, mainloop, cta, tidx, warp_idx) -> None:
         """Warp 0: descriptors and weights (prologue, then the tile loop); warps 1..converters:
         A; the other warps of warpgroup 0: C tiles; then the consumers. No grid barrier: each
-        A slot is ready when its converter warps have arrived on it."""
-        converters = self._converter_warps()
+        A slot is ready when every lane of its converter warp has arrived on it."""
         cute.arch.barrier()  # the first-group post (_run) and the pipelines' barriers
-        split = self._register_split()
-        if cutlass.const_expr(split is not None):
-            # As _roles_barrier: each role reachable from its own setmaxnreg alone.
-            if warp_idx < 4:
-                cute.arch.warpgroup_reg_dealloc(split[0])
-                if warp_idx == 0:
-                    self._producer_a16(mainloop, cta, first=self._producer_prologue(mainloop,
-                                                                                     cta))
-                if warp_idx >= 1:
-                    if warp_idx <= converters:
-                        self._convert_tiles(mainloop, cta, warp_idx - 1, tidx % 32)
-                    else:
-                        self._store_tiles(mainloop.storage, cta, tidx - 32 * (1 + converters))
-            else:
-                cute.arch.warpgroup_reg_alloc(split[1])
-                self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
+        self._split_roles(mainloop, cta, tidx, warp_idx,
+                          lambda: self._producer_a16(mainloop, cta,
+                                                     first=self._producer_prologue(mainloop,
+                                                                                   cta)),
+                          lambda: self._inline_helpers(mainloop, cta, tidx, warp_idx))
+
+    @cute.jit
+    def _inline_helpers(self, mainloop, cta, tidx, warp_idx) -> None:
+        """Warps 1..3: the converter warps first, then the storers."""
+        converters = self._converter_warps()
+        if warp_idx <= converters:
+            self._convert_tiles(mainloop, cta, warp_idx - 1, tidx % 32)
         else:
-            if warp_idx == 0:
-                self._producer_a16(mainloop, cta, first=self._producer_prologue(mainloop, cta))
-            if warp_idx >= 1:
-                if warp_idx <= converters:
-                    self._convert_tiles(mainloop, cta, warp_idx - 1, tidx % 32)
-                else:
-                    if warp_idx < 4:
-                        self._store_tiles(mainloop.storage, cta,
-                                          tidx - 32 * (1 + converters))
-            if warp_idx >= 4:
-                self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
+            self._store_tiles(mainloop.storage, cta, tidx - 32 * (1 + converters))
 
     @cute.jit
     def _convert_tiles(self, mainloop, cta, warp, lane) -> None:

@@ -158,26 +158,35 @@ class StagedA:
         # The fp16 A just written (generic proxy, other CTAs) is read by TMA (async proxy).
         fence_proxy_async_global()
 
+        self._split_roles(mainloop, cta, tidx, warp_idx,
+                          lambda: self._producer_a16(mainloop, cta, first=first),
+                          lambda: self._store_tiles(mainloop.storage, cta, tidx - 32))
+
+    @cute.jit
+    def _split_roles(self, mainloop, cta, tidx, warp_idx, producer, helpers) -> None:
+        """The tile loop's roles: `producer()` on warp 0, `helpers()` on warps 1..3 and the
+        consumers on the other warpgroups, with setmaxnreg moving registers to the consumers
+        where they need more than the launch's even split (_register_split)."""
         split = self._register_split()
         if cutlass.const_expr(split is not None):
-            # The launch splits the register file evenly; the consumers need more. setmaxnreg is
-            # per warpgroup (all of warpgroup 0 gives registers up, not just warp 0), and ptxas
-            # honours it only when each role's code is reachable from its own setmaxnreg alone.
+            # setmaxnreg is per warpgroup (all of warpgroup 0 gives registers up, not just warp
+            # 0), and ptxas honours it only when each role's code is reachable from its own
+            # setmaxnreg alone.
             if warp_idx < 4:
                 cute.arch.warpgroup_reg_dealloc(split[0])
                 if warp_idx == 0:
-                    self._producer_a16(mainloop, cta, first=first)
+                    producer()
                 if warp_idx >= 1:
-                    self._store_tiles(mainloop.storage, cta, tidx - 32)
+                    helpers()
             else:
                 cute.arch.warpgroup_reg_alloc(split[1])
                 self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
         else:
             if warp_idx == 0:
-                self._producer_a16(mainloop, cta, first=first)
+                producer()
             if warp_idx >= 1:
                 if warp_idx < 4:
-                    self._store_tiles(mainloop.storage, cta, tidx - 32)
+                    helpers()
             if warp_idx >= 4:
                 self._consumer_a16(mainloop, cta, tidx - WARPGROUP)
 
