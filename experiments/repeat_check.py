@@ -23,8 +23,6 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from serving_check import Layer, Weights, routing
 
 import runtime
-from runtime.formats import scale_cols
-from runtime.nvfp4 import reference_grouped_gemm
 
 
 def main() -> int:
@@ -47,15 +45,7 @@ def main() -> int:
         layer.load(routing(rng, t, e, "skewed"), seed=100 + trial)
         alpha = torch.ones(e, device="cuda")
         out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        refs, row, srow, cols = [], 0, 0, scale_cols(k)
-        for g, m in enumerate(layer.counts):
-            if m:
-                sfa = layer.sfa[srow * cols:(srow + -(-m // 128) * 128) * cols]
-                ref = reference_grouped_gemm([layer.a[row:row + m]], [w.b[g]], [sfa], [w.sfb[g]],
-                                             [(m, n, k)], alpha=[1.0], out_dtype=torch.bfloat16)
-                refs.append((g, m, row, ref[0]))
-            row += m
-            srow += -(-m // 128) * 128
+        refs = list(layer.references([1.0] * e, torch.bfloat16))
         bad = 0
         for i in range(args.reps):
             out.fill_(float("nan"))

@@ -6,7 +6,7 @@
 For every dynamic-m kernel whose groups are E identical (N, K) (an expert layer), and each
 output type built: routings with empty experts, skewed counts and all tokens on one expert, at
 each T of --t (default a small batch of 8, a decode-sized 64 and a prefill-sized 2048, capped
-at the set's max_m: 8 rows over E >= 16 experts takes the kernels' sparse first-tile search);
+at the set's max_m);
 tokens laid out as torch's 2D x 3D contract (rows grouped by expert, A scales padded to 128 rows
 per expert); a power-of-two alpha per expert (exact). The output rows of every expert must equal
 the float64 reference rounded to the output type, and the rows past offs[-1] must keep their
@@ -132,21 +132,27 @@ class Layer:
         self.offs.copy_(torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32))
         self.counts = list(counts)
 
-    def check(self, out: torch.Tensor, alpha: list[float], dtype: torch.dtype) -> str | None:
-        """Every expert with tokens against the float64 reference (alpha, rounded to dtype);
-        the rows past offs[-1] still NaN."""
+    def references(self, alpha: list[float], dtype: torch.dtype):
+        """(expert g, m, first row, float64 reference rounded to dtype with alpha[g]) for every
+        expert with tokens, in row order."""
         cols = scale_cols(self.k)
         row = srow = 0
         for g, m in enumerate(self.counts):
             if m:
                 sfa = self.sfa[srow * cols:(srow + -(-m // 128) * 128) * cols]
-                ref = reference_grouped_gemm([self.a[row:row + m]], [self.w.b[g]], [sfa],
-                                             [self.w.sfb[g]], [(m, self.n, self.k)],
-                                             alpha=[alpha[g]], out_dtype=dtype)[0]
-                if not torch.equal(out[row:row + m], ref):
-                    return f"expert {g} (m = {m}) differs"
+                yield g, m, row, reference_grouped_gemm(
+                    [self.a[row:row + m]], [self.w.b[g]], [sfa], [self.w.sfb[g]],
+                    [(m, self.n, self.k)], alpha=[alpha[g]], out_dtype=dtype)[0]
             row += m
             srow += -(-m // 128) * 128
+
+    def check(self, out: torch.Tensor, alpha: list[float], dtype: torch.dtype) -> str | None:
+        """Every expert with tokens against the float64 reference (alpha, rounded to dtype);
+        the rows past offs[-1] still NaN."""
+        for g, m, row, ref in self.references(alpha, dtype):
+            if not torch.equal(out[row:row + m], ref):
+                return f"expert {g} (m = {m}) differs"
+        row = sum(self.counts)
         if not torch.isnan(out[row:].float()).all():
             return f"rows {row}..{self.t} past offs[-1] were written"
         return None
