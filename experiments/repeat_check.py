@@ -23,6 +23,61 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from serving_check import Layer, Weights, routing
 
 import runtime
+from runtime.formats import scale_cols
+from runtime.nvfp4 import from_blocked
+
+
+def _operand(packed: torch.Tensor, blocked: torch.Tensor, rows: int, k: int) -> tuple:
+    """(packed fp4 bytes, plain e4m3 scale bytes (rows, k / 16)) on the CPU."""
+    return packed.cpu(), from_blocked(blocked, rows, k).cpu()
+
+
+def dump_tile(path: Path, layer: Layer, g: int, r0: int, got: torch.Tensor, refs: list,
+              wrong: torch.Tensor, tile_m: int, tile_n: int, call: int) -> None:
+    """Save what a wrong result's tile computed from: its expert's A rows and weight rows of
+    the first wrong n-tile, the kernel's and the reference's outputs there, and the operands of
+    the two tiles before and after it on the same CTA (strided tiles: CTA = tile % SMs), so
+    that hypotheses (a stale weight stage, another tile's C) can be tested offline."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    k, n = layer.k, layer.n
+    cols = scale_cols(k)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ntiles = n // tile_n
+    row, srow = 0, 0
+    tiles = []  # (expert, m-tile, n-tile, first row, scale row, m) by tile index
+    for e, m in enumerate(layer.counts):
+        mt_count = -(-m // tile_m)
+        for nt in range(ntiles):
+            for mt in range(mt_count):
+                tiles.append((e, mt, nt, row, srow, m))
+        row += m
+        srow += -(-m // 128) * 128
+    first_col = int(wrong.any(0).nonzero()[0])
+    mt = int(wrong.any(1).nonzero()[0]) // tile_m
+    nt = first_col // tile_n
+    index = next(i for i, t in enumerate(tiles) if t[:3] == (g, mt, nt))
+
+    def tile_operands(i: int) -> dict | None:
+        if not 0 <= i < len(tiles):
+            return None
+        e, tm, tn, r, sr, m = tiles[i]
+        rows = min(tile_m, m - tm * tile_m)
+        sfa = layer.sfa[sr * cols:(sr + -(-m // 128) * 128) * cols]
+        a, sa = _operand(layer.a[r:r + m], sfa, m, k)
+        b, sb = _operand(layer.w.b[e], layer.w.sfb[e], n, k)
+        span = slice(tn * tile_n, (tn + 1) * tile_n)
+        return {"expert": e, "m_tile": tm, "n_tile": tn, "m": m, "tile": i,
+                "a": a[tm * tile_m:tm * tile_m + rows].clone(),
+                "sfa": sa[tm * tile_m:tm * tile_m + rows].clone(),
+                "b": b[span].clone(), "sfb": sb[span].clone()}
+
+    ref = next(r for e, _, _, r in refs if e == g)
+    span = slice(nt * tile_n, (nt + 1) * tile_n)
+    rows = slice(mt * tile_m, mt * tile_m + tile_m)
+    torch.save({"call": call, "sms": sms, "tile_m": tile_m, "tile_n": tile_n,
+                "counts": layer.counts, "got": got[rows, span].float().cpu().clone(),
+                "ref": ref[rows, span].float().cpu().clone(),
+                "tiles": {d: tile_operands(index + d * sms) for d in (-2, -1, 0, 1, 2)}}, path)
 
 
 def main() -> int:
@@ -34,12 +89,19 @@ def main() -> int:
     ap.add_argument("--t", type=int, default=500)
     ap.add_argument("--reps", type=int, default=150)
     ap.add_argument("--routings", type=int, default=3)
+    ap.add_argument("--dump", default=None,
+                    help="folder to save the first --dump-max wrong tiles' operands in "
+                         "(experiments/wrong_tile.py reads them)")
+    ap.add_argument("--dump-max", type=int, default=2)
+    ap.add_argument("--tile-m", type=int, default=16)
+    ap.add_argument("--tile-n", type=int, default=256)
     args = ap.parse_args()
     gg = runtime.load(args.artifacts)
     e, n, k, t = args.e, args.n, args.k, args.t
     w = Weights(e, n, k)
     rng = random.Random(7)
     total = 0
+    dumped = 0
     for trial in range(args.routings):
         layer = Layer(w, t)
         layer.load(routing(rng, t, e, "skewed"), seed=100 + trial)
@@ -60,8 +122,12 @@ def main() -> int:
                 rows = wrong.any(1).nonzero().flatten().tolist()
                 cl = wrong.any(0).nonzero().flatten()
                 diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
+                if args.dump and dumped < args.dump_max:
+                    dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, r0, got, refs,
+                              wrong, args.tile_m, args.tile_n, i)
+                    dumped += 1
                 print(f"routing {trial} call {i}: expert {g} (m = {m}) rows {rows}, "
-                      f"{cl.numel()} columns {cl.min().item()}..{cl.max().item()} (n-tiles "
+                      f"{cl.numel()} columns {(cl % args.tile_n).tolist()} (n-tiles "
                       f"{sorted(set((cl // 256).tolist()))}), max |diff| {diff:.3g}, "
                       f"max |ref| {ref.float().abs().max().item():.3g}")
         print(f"routing {trial}: {bad} wrong expert results in {args.reps} calls "

@@ -138,7 +138,13 @@ class TileConsumer:
                     self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
                                              scale_row0)
                 if s == SUB_STEPS - 1:
-                    b_pipe.consumer_release(b_state)  # the weights are in registers now
+                    # The stage was read with ld.shared (the generic proxy) and its refill is
+                    # a TMA write (the async proxy), so a proxy fence orders the two. Without
+                    # it the arrive did not wait for this step's loads, and in about 1 call in
+                    # 40 of an inline_a kernel the refill landed before some of them read
+                    # (docs/lab_notebook.md, twenty-second session).
+                    cute.arch.fence_view_async_shared()
+                    b_pipe.consumer_release(b_state)
                 a_pipe.consumer_wait(a_state)
                 self._stamp_step(trace, kt, s, 1)
                 slot = a_state.index

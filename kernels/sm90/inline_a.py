@@ -114,9 +114,9 @@ class InlineA:
                                                                            q),
                                                  *[outs[w][q] for w in range(4)])
                             # Each lane fences its own stores for the wgmma (async proxy) and
-                            # arrives itself: one lane arriving for the warp after a warp
-                            # barrier gave wrong rows about once in 200 calls (twenty-first
-                            # session, run 5).
+                            # arrives itself (no warp barrier before a lane-0 arrival). The wrong
+                            # results once blamed on lane-0 arrivals were the weight ring's race
+                            # (consumer.py's release fence; twenty-second session).
                             cute.arch.fence_view_async_shared()
                             cute.arch.mbarrier_arrive(a_pipe.sync_object_full.get_barrier(slot))
                 batch += 1
