@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from serving_check import Layer, Weights, routing
+from serving_check import Layer, Weights, repeated_calls, routing
 
 import runtime
 from runtime.formats import scale_cols
@@ -32,8 +32,8 @@ def _operand(packed: torch.Tensor, blocked: torch.Tensor, rows: int, k: int) -> 
     return packed.cpu(), from_blocked(blocked, rows, k).cpu()
 
 
-def dump_tile(path: Path, layer: Layer, g: int, r0: int, got: torch.Tensor, refs: list,
-              wrong: torch.Tensor, tile_m: int, tile_n: int, call: int) -> None:
+def dump_tile(path: Path, layer: Layer, g: int, got: torch.Tensor, wrong: torch.Tensor,
+              tile_m: int, tile_n: int, call: int) -> None:
     """Save what a wrong result's tile computed from: its expert's A rows and weight rows of
     the first wrong n-tile, the kernel's and the reference's outputs there, and the operands of
     the two tiles before and after it on the same CTA (strided tiles: CTA = tile % SMs), so
@@ -71,7 +71,7 @@ def dump_tile(path: Path, layer: Layer, g: int, r0: int, got: torch.Tensor, refs
                 "sfa": sa[tm * tile_m:tm * tile_m + rows].clone(),
                 "b": b[span].clone(), "sfb": sb[span].clone()}
 
-    ref = next(r for e, _, _, r in refs if e == g)
+    ref = next(r for e, _, _, r in layer.references([1.0] * layer.e, torch.bfloat16) if e == g)
     span = slice(nt * tile_n, (nt + 1) * tile_n)
     rows = slice(mt * tile_m, mt * tile_m + tile_m)
     torch.save({"call": call, "sms": sms, "tile_m": tile_m, "tile_n": tile_n,
@@ -105,33 +105,23 @@ def main() -> int:
     for trial in range(args.routings):
         layer = Layer(w, t)
         layer.load(routing(rng, t, e, "skewed"), seed=100 + trial)
-        alpha = torch.ones(e, device="cuda")
-        out = torch.full((t, n), float("nan"), dtype=torch.bfloat16, device="cuda")
-        refs = list(layer.references([1.0] * e, torch.bfloat16))
         bad = 0
-        for i in range(args.reps):
-            out.fill_(float("nan"))
-            gg.scaled_grouped_mm(layer.a, w.b, layer.sfa, w.sfb, layer.offs, alpha=alpha, out=out)
-            torch.cuda.synchronize()
-            for g, m, r0, ref in refs:
-                got = out[r0:r0 + m]
-                if torch.equal(got, ref):
-                    continue
-                bad += 1
-                wrong = got.float() != ref.float()
-                rows = wrong.any(1).nonzero().flatten().tolist()
-                cl = wrong.any(0).nonzero().flatten()
-                diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
-                if args.dump and dumped < args.dump_max:
-                    dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, r0, got, refs,
-                              wrong, args.tile_m, args.tile_n, i)
-                    dumped += 1
-                print(f"routing {trial} call {i}: expert {g} (m = {m}) rows {rows}, "
-                      f"{cl.numel()} columns {(cl % args.tile_n).tolist()} (n-tiles "
-                      f"{sorted(set((cl // 256).tolist()))}), max |diff| {diff:.3g}, "
-                      f"max |ref| {ref.float().abs().max().item():.3g}")
+        for i, g, m, _, got, ref in repeated_calls(gg, layer, args.reps):
+            bad += 1
+            wrong = got.float() != ref.float()
+            rows = wrong.any(1).nonzero().flatten().tolist()
+            cl = wrong.any(0).nonzero().flatten()
+            diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
+            if args.dump and dumped < args.dump_max:
+                dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, got, wrong,
+                          args.tile_m, args.tile_n, i)
+                dumped += 1
+            print(f"routing {trial} call {i}: expert {g} (m = {m}) rows {rows}, "
+                  f"{cl.numel()} columns {(cl % args.tile_n).tolist()} (n-tiles "
+                  f"{sorted(set((cl // args.tile_n).tolist()))}), max |diff| {diff:.3g}, "
+                  f"max |ref| {ref.float().abs().max().item():.3g}")
         print(f"routing {trial}: {bad} wrong expert results in {args.reps} calls "
-              f"({len(refs)} experts hit)")
+              f"({sum(1 for m in layer.counts if m)} experts hit)")
         total += bad
     return 1 if total else 0
 

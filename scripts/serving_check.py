@@ -158,6 +158,25 @@ class Layer:
         return None
 
 
+def repeated_calls(gg: runtime.GroupedGemm, layer: Layer, reps: int):
+    """Call scaled_grouped_mm `reps` times on one routing (alpha 1, bf16 out) and yield
+    (call, expert, m, first row, got, reference) for every expert result that differs from
+    the float64 reference: a race shows as results that differ between identical calls
+    (experiments/repeat_check.py, tests/test_repeat_gpu.py)."""
+    w = layer.w
+    alpha = torch.ones(layer.e, device="cuda")
+    out = torch.full((layer.t, layer.n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    refs = list(layer.references([1.0] * layer.e, torch.bfloat16))
+    for i in range(reps):
+        out.fill_(float("nan"))
+        gg.scaled_grouped_mm(layer.a, w.b, layer.sfa, w.sfb, layer.offs, alpha=alpha, out=out)
+        torch.cuda.synchronize()
+        for g, m, r0, ref in refs:
+            got = out[r0:r0 + m]
+            if not torch.equal(got, ref):
+                yield i, g, m, r0, got.clone(), ref
+
+
 def check_kernel(gg: runtime.GroupedGemm, entry, w: Weights, rng: random.Random,
                  tokens: list[int], reps: int, graph: bool) -> list:
     _, max_m = dynamic_groups(entry)
