@@ -53,6 +53,8 @@ def explain_column(a, sources, k_stages, ring, got, part_k: int = 64) -> list[tu
                 continue
             src_v, src_s = sources[shift]
             src_kt -= shift * k_stages
+            if not 0 <= src_kt < k_stages:  # a ring deeper than a tile's stages
+                continue
             parts = STAGE_K // part_k
             for mask in range(1, 2 ** parts):
                 for what in ("both", "packed", "scales"):
