@@ -32,8 +32,8 @@ def _operand(packed: torch.Tensor, blocked: torch.Tensor, rows: int, k: int) -> 
     return packed.cpu(), from_blocked(blocked, rows, k).cpu()
 
 
-def dump_tile(path: Path, layer: Layer, g: int, got: torch.Tensor, wrong: torch.Tensor,
-              tile_m: int, tile_n: int, call: int) -> None:
+def dump_tile(path: Path, layer: Layer, g: int, got: torch.Tensor, ref: torch.Tensor,
+              wrong: torch.Tensor, tile_m: int, tile_n: int, call: int) -> None:
     """Save what a wrong result's tile computed from: its expert's A rows and weight rows of
     the first wrong n-tile, the kernel's and the reference's outputs there, and the operands of
     the two tiles before and after it on the same CTA (strided tiles: CTA = tile % SMs), so
@@ -71,7 +71,6 @@ def dump_tile(path: Path, layer: Layer, g: int, got: torch.Tensor, wrong: torch.
                 "sfa": sa[tm * tile_m:tm * tile_m + rows].clone(),
                 "b": b[span].clone(), "sfb": sb[span].clone()}
 
-    ref = next(r for e, _, _, r in layer.references([1.0] * layer.e, torch.bfloat16) if e == g)
     span = slice(nt * tile_n, (nt + 1) * tile_n)
     rows = slice(mt * tile_m, mt * tile_m + tile_m)
     torch.save({"call": call, "sms": sms, "tile_m": tile_m, "tile_n": tile_n,
@@ -113,7 +112,7 @@ def main() -> int:
             cl = wrong.any(0).nonzero().flatten()
             diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
             if args.dump and dumped < args.dump_max:
-                dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, got, wrong,
+                dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, got, ref, wrong,
                           args.tile_m, args.tile_n, i)
                 dumped += 1
             print(f"routing {trial} call {i}: expert {g} (m = {m}) rows {rows}, "
