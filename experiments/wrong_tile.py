@@ -22,10 +22,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from runtime.formats import SF_VEC
 from runtime.nvfp4 import fp4_to_float
 
 STAGE_K = 256  # K of one weight stage
-SF_VEC = 16
 
 
 def values_and_scales(packed: torch.Tensor, scales: torch.Tensor) -> tuple:
