@@ -22,10 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.sm90.config import K_TILE as STAGE_K  # K of one weight stage
 from runtime.formats import SF_VEC
 from runtime.nvfp4 import fp4_to_float
-
-STAGE_K = 256  # K of one weight stage
 
 
 def values_and_scales(packed: torch.Tensor, scales: torch.Tensor) -> tuple:
