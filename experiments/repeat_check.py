@@ -1,10 +1,11 @@
 """Repeat one routing many times through gg.scaled_grouped_mm and locate every wrong result:
-which expert, which token rows and which output columns (n-tiles of 256) differ from the float64
-reference, and by how much. Written to find inline_a's rare wrong columns (docs/lab_notebook.md,
-twenty-first session, run 7): a race shows as results that differ between identical calls.
+which expert, which token rows and which output columns (within the n-tiles of the kernel it
+picks) differ from the float64 reference, and by how much. Written to find inline_a's rare
+wrong columns (docs/lab_notebook.md, twenty-first and twenty-second sessions): a race shows as
+results that differ between identical calls.
 
     PYTHONPATH=. python experiments/repeat_check.py --artifacts DIR [--e 128 --n 3072 --k 4096]
-        [--t 500] [--reps 150] [--routings 3]
+        [--t 500] [--reps 150] [--routings 3] [--dump DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from serving_check import Layer, Weights, repeated_calls, routing
 import runtime
 from runtime.formats import scale_cols
 from runtime.nvfp4 import from_blocked
+from runtime.serving import select_serving
 
 
 def _operand(packed: torch.Tensor, blocked: torch.Tensor, rows: int, k: int) -> tuple:
@@ -92,11 +94,15 @@ def main() -> int:
                     help="folder to save the first --dump-max wrong tiles' operands in "
                          "(experiments/wrong_tile.py reads them)")
     ap.add_argument("--dump-max", type=int, default=2)
-    ap.add_argument("--tile-m", type=int, default=16)
-    ap.add_argument("--tile-n", type=int, default=256)
     args = ap.parse_args()
     gg = runtime.load(args.artifacts)
     e, n, k, t = args.e, args.n, args.k, args.t
+    # The kernel scaled_grouped_mm picks for these bf16 calls: its tile names the columns.
+    entry = select_serving(gg.kernels, gg.device_runtime(0).arch, e, n, k, t, "bfloat16")
+    tile_m, tile_n = entry.tile.m, entry.tile.n
+    print(f"{entry.name}: tiles {tile_m} x {tile_n}")
+    if args.dump and entry.options.get("blocked_tiles"):
+        ap.error(f"--dump maps tiles to CTAs in the strided order; {entry.name} has blocked_tiles")
     w = Weights(e, n, k)
     rng = random.Random(7)
     total = 0
@@ -113,11 +119,11 @@ def main() -> int:
             diff = (got.float() - ref.float()).abs().nan_to_num(float("inf")).max().item()
             if args.dump and dumped < args.dump_max:
                 dump_tile(Path(args.dump) / f"wrong{dumped}.pt", layer, g, got, ref, wrong,
-                          args.tile_m, args.tile_n, i)
+                          tile_m, tile_n, i)
                 dumped += 1
             print(f"routing {trial} call {i}: expert {g} (m = {m}) rows {rows}, "
-                  f"{cl.numel()} columns {(cl % args.tile_n).tolist()} (n-tiles "
-                  f"{sorted(set((cl // args.tile_n).tolist()))}), max |diff| {diff:.3g}, "
+                  f"{cl.numel()} columns {(cl % tile_n).tolist()} (n-tiles "
+                  f"{sorted(set((cl // tile_n).tolist()))}), max |diff| {diff:.3g}, "
                   f"max |ref| {ref.float().abs().max().item():.3g}")
         print(f"routing {trial}: {bad} wrong expert results in {args.reps} calls "
               f"({sum(1 for m in layer.counts if m)} experts hit)")
