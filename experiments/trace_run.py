@@ -1,14 +1,14 @@
-"""Where a CTA's time goes, from the clock stamps of a Config.trace build (sm_90a, H200).
+"""Where a CTA's time goes, from the clock stamps of a trace build (sm_90a, H200).
 
-    python build_kernels.py build --spec experiments/trace_ab.yaml --out .trace     # on a CPU
+    python experiments/trace_families.py --out .trace    # on a CPU: experiments/trace_ab.yaml
     PYTHONPATH=. python experiments/trace_run.py --artifacts .trace --sets moe_down dense_a
     # the serving (device-offsets) kernels, bench_models' routing of T tokens x top-8:
-    python build_kernels.py build --spec experiments/trace_serving.yaml --out .trace_serving
+    python experiments/trace_families.py --spec experiments/trace_serving.yaml --out .trace_serving
     PYTHONPATH=. python experiments/trace_run.py --artifacts .trace_serving \
         --serving qwen3_30b_down_tiny --route 1 64
 
 A trace build stores %clock64 (the SM's cycle counter) at fixed places of a per-CTA record in
-the workspace (kernels/sm90/config.py, TRACE_*): for every 64-K step of the first consumer
+the workspace (experiments/trace_families.py, TRACE_*): for every 64-K step of the first consumer
 warpgroup, for every weight stage of the producer, and at each tile's start and hand-over. This
 script runs each set eagerly on fresh inputs, reads the records back from the runtime's
 workspace and prints medians over the CTAs, in cycles:
@@ -39,10 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_grouped import ALL_SETS, input_sets
-
-import runtime
-from kernels.sm90.config import (
-    K_TILE,
+from trace_families import (
     TRACE_BYTES,
     TRACE_CONSUMER_BYTES,
     TRACE_CTA_EVENTS,
@@ -54,6 +51,9 @@ from kernels.sm90.config import (
     TRACE_TILE_EVENTS,
     TRACE_TILES,
 )
+
+import runtime
+from kernels.sm90.config import K_TILE
 from kernels.sm90.structure import SUB_STEPS
 from runtime.plan import cta_prefix
 
@@ -212,7 +212,7 @@ def trace_set(gg: runtime.GroupedGemm, name: str, groups: list) -> dict:
 def trace_serving(gg: runtime.GroupedGemm, name: str, tokens: int) -> dict:
     """As trace_set, for a device-offsets set through scaled_grouped_mm: bench_models' routing
     of `tokens` tokens x top-8 (T = the rows routed). Its records follow every CTA's derived
-    tables (kernels/sm90/trace.py); the grid is every SM."""
+    tables (experiments/trace_kernels.py); the grid is every SM."""
     from bench_models import Weights, expert_layers, make_inputs, route
 
     from runtime.formats import offsets_tables_bytes

@@ -31,7 +31,11 @@ def _error(text: str, fams: Families) -> str:
                "false) lost to the register operand (branch wip-smem-fp16-b-option); delete it"),
     ("stream_k", "stream_k was removed in issue 25: stream-K lost 7% on moe_down and 3-8 us on "
                  "the dense sets (branch wip-stream-k-option); delete it"),
-], ids=["a_fp16", "w_regs", "stream_k"])
+    ("trace", "trace was removed in issue 25: the clock-stamp diagnostic is a build of its own, "
+              "not an option (python experiments/trace_families.py --spec SPEC --out DIR traces "
+              "a spec's list and serving sets: experiments/trace_ab.yaml, "
+              "experiments/trace_serving.yaml); delete it"),
+], ids=["a_fp16", "w_regs", "stream_k", "trace"])
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_a_removed_option_is_refused_by_name(fams: Families, option: str, reason: str,
                                              value: str) -> None:
@@ -45,5 +49,5 @@ def test_a_removed_option_is_refused_by_name(fams: Families, option: str, reason
 
 
 def test_removed_options_are_not_config_fields() -> None:
-    assert set(REMOVED_OPTIONS) == {"a_fp16", "w_regs", "stream_k"}
+    assert set(REMOVED_OPTIONS) == {"a_fp16", "w_regs", "stream_k", "trace"}
     assert not set(REMOVED_OPTIONS) & set(Config.__dataclass_fields__)

@@ -27,7 +27,7 @@ def test_default_is_the_shipped_v3_and_fits() -> None:
     c = Config()
     assert (c.tile_m, c.tile_n, c.stages, c.a_slots, c.w_prefetch, c.stream_a) == (
         128, 128, 3, 8, False, False)
-    assert (c.async_epilogue, c.patch_ahead, c.trace) == (True, True, False)
+    assert (c.async_epilogue, c.patch_ahead) == (True, True)
     assert check(c) == []
     # barriers 1 KiB + 3 x (16 KiB packed B + 2 KiB scales) + 8 x (128 rows x 64 K fp16)
     # + the C tile (128 rows of 128 + 8 fp16)

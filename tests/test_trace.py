@@ -1,37 +1,50 @@
-"""Config.trace (a diagnostic build: clock stamps per CTA in the workspace) and
-experiments/trace_run.py's reading of them: the option is checked like the others, a trace build
-compiles (as the shipped kernel with its no-op hooks overridden) and reserves its record in the
-workspace, and the decoder turns known stamps into the
-phase lengths they encode."""
+"""The trace build (experiments/trace_families.py: clock stamps per CTA in the workspace) and
+experiments/trace_run.py's reading of them: the old `trace` option is refused with where the
+build went, a trace build goes through the families hook with keys of its own, compiles (list
+and serving kernels, as the shipped kernel with its no-op hooks overridden) and reserves its
+record in the workspace, and the decoder turns known stamps into the phase lengths they
+encode."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import NEEDS_DSL, compile_sm90
 
-from kernels.sm90.config import (
-    K_TILE,
-    SUB_K,
-    TRACE_BYTES,
-    Config,
-    check,
-)
+from builder.errors import SpecError
+from builder.families import load_families
+from builder.plan import expand
+from builder.spec import load_spec, parse_spec_text
+from kernels.sm90.config import K_TILE, REMOVED_OPTIONS, SUB_K, Config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "experiments"))
+import trace_families
 import trace_run
+from trace_families import TRACE_BYTES
 
 SUB_STEPS = K_TILE // SUB_K
 
 
-def test_trace_is_checked() -> None:
-    assert check(Config(trace=1)) == ["trace must be true or false, but got 1"]
-    # The serving (device-offsets) kernel can be traced too (twentieth session).
-    assert check(Config(trace=True, device_offsets=True)) == []
+@pytest.mark.parametrize("families", ["kernels.families", trace_families.FAMILIES_MODULE])
+@pytest.mark.parametrize("entry", ["groups: [[56, 1024, 768]]",
+                                   "experts: 8\n    n: 1024\n    k: 768\n    max_m: 64"],
+                         ids=["list", "serving"])
+def test_the_trace_option_is_refused_with_where_the_build_went(families: str, entry: str) -> None:
+    # Not an option any more, for list or serving sets, in either build: REMOVED_OPTIONS says
+    # the trace build is experiments/trace_families.py.
+    assert "trace" not in Config.__dataclass_fields__
+    text = ("schema_version: 1\nsets:\n  - name: s\n    archs: [sm_90a]\n"
+            f"    {entry}\n    options: {{sm_90a: {{trace: true}}}}\n")
+    with pytest.raises(SpecError) as info:
+        parse_spec_text(text, "shapes.yaml", load_families(families))
+    assert str(info.value) == (f"shapes.yaml: sets[s].options.sm_90a.trace: trace was removed "
+                               f"{REMOVED_OPTIONS['trace']}; delete it")
+    assert "experiments/trace_families.py" in REMOVED_OPTIONS["trace"]
 
 
 def test_the_record_is_whole_128_byte_lines() -> None:
@@ -143,40 +156,52 @@ def test_ctas_without_a_start_stamp_are_skipped() -> None:
     assert got["step: A ready -> issued"] == 20
 
 
-SCRIPT = """
-k = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
-                          patch_ahead=True, stream_a=True, trace=True),
-                   arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
-plain = compile_kernel(Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
-                              patch_ahead=True, stream_a=True),
-                       arch="sm_90a", groups=[(40, 7168, 2048), (196, 7168, 2048)])
+SCRIPT = f"sys.path.insert(0, {str(ROOT / 'experiments')!r})\n" + """
+import trace_kernels
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 from kernels.sm90.hooks import TraceHooks
-from kernels.sm90.trace import TracedSm90GroupedGemm
-print(json.dumps({"per_cta": [k.tables["tensormap_workspace"]["bytes_per_cta"],
-                              plain.tables["tensormap_workspace"]["bytes_per_cta"]],
-                  "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx],
-                  "hooks": sorted(a for a in vars(TraceHooks) if not a.startswith("__")),
-                  "replaced": sorted(a for a in vars(TracedSm90GroupedGemm)
-                                     if hasattr(Sm90GroupedGemm, a) and not a.startswith("__"))}))
+from trace_kernels import TracedSm90GroupedGemm, TracedSm90OffsetsGemm
+out = {}
+for name, config, groups in [
+        ("list", Config(tile_m=112, tile_n=192, a_slots=5, async_epilogue=True,
+                        patch_ahead=True, stream_a=True),
+         [(40, 7168, 2048), (196, 7168, 2048)]),
+        # The serving (device-offsets) kernel is traced too (twentieth session).
+        ("serving", Config(tile_m=16, tile_n=256, out_dtype="bfloat16", device_offsets=True),
+         [(2048, 768)] * 4)]:
+    k = trace_kernels.compile_kernel(config, arch="sm_90a", groups=groups)
+    plain = compile_kernel(config, arch="sm_90a", groups=groups)
+    out[name] = {"per_cta": [k.tables["tensormap_workspace"]["bytes_per_cta"],
+                             plain.tables["tensormap_workspace"]["bytes_per_cta"]],
+                 "clock": ["%clock64" in k.ptx, "%clock64" in plain.ptx]}
+out["hooks"] = sorted(a for a in vars(TraceHooks) if not a.startswith("__"))
+out["replaced"] = sorted(a for a in vars(TracedSm90GroupedGemm)
+                         if hasattr(Sm90GroupedGemm, a) and not a.startswith("__"))
+out["serving_bases"] = [c.__name__ for c in TracedSm90OffsetsGemm.__bases__]
+out["serving_own"] = sorted(a for a in vars(TracedSm90OffsetsGemm) if not a.startswith("__"))
+print(json.dumps(out))
 """
 
 
 @NEEDS_DSL
 def test_a_trace_build_reserves_its_record_and_reads_the_clock() -> None:
     out = compile_sm90(SCRIPT)
-    assert out["per_cta"][0] == out["per_cta"][1] + TRACE_BYTES
-    assert out["clock"] == [True, False]
+    for name in ("list", "serving"):
+        assert out[name]["per_cta"][0] == out[name]["per_cta"][1] + TRACE_BYTES, name
+        assert out[name]["clock"] == [True, False], name
     # The stamps live in a subclass that replaces the shipped kernel's no-op hooks, every one
-    # of them and nothing else (no role of the shipped kernel has a traced copy).
-    assert out["replaced"] == out["hooks"]
+    # of them and nothing else (no role of the shipped kernel has a traced copy), and lifts the
+    # no-stack-frame guard (the stamps spill a few per-tile values); the serving one is the
+    # shipped device-offsets kernel with those same hooks and nothing of its own.
+    assert out["replaced"] == sorted([*out["hooks"], "REQUIRE_NO_STACK_FRAME"])
+    assert out["serving_bases"] == ["Sm90OffsetsGemm", "TracedSm90GroupedGemm"]
+    assert out["serving_own"] == []
 
 
-def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
-    from builder.families import load_families
-    from builder.spec import load_spec
-
-    spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", load_families("kernels.families"))
+def test_the_trace_specs_build_known_sets_as_traced_kernels() -> None:
+    fams = load_families(trace_families.FAMILIES_MODULE)
+    assert fams.family_for("sm_90a").compile_module == "trace_kernels"
+    spec = load_spec(ROOT / "experiments" / "trace_ab.yaml", fams)
     bench = ["moe_down", "moe_down_one_tile", "dense_a", "dense_b"]
     # The decode sets (eighteenth session): bench_models' 64 tokens x 8 routing, experts with
     # tokens only, traced with the decode tiles; trace_run reads their groups from the manifest.
@@ -194,6 +219,25 @@ def test_the_trace_spec_builds_known_sets_with_trace_on() -> None:
             tile = (16, 256) if s.name in tiny else (32, 192)
             assert {(b.options_dict()["tile_m"], b.options_dict()["tile_n"])
                     for b in s.builds} == {tile}
+        assert {b.arch for b in s.builds} == {"sm_90a"}
+        assert all(b.options_dict()["async_epilogue"] and b.options_dict()["patch_ahead"]
+                   for b in s.builds)
     for name in tiny:
         assert by_name[name].groups == by_name[name.replace("tiny", "decode")].groups
-        assert all(b.options_dict()["trace"] is True for b in s.builds)
+    # The serving spec (twentieth session): Qwen3-30B's tiny tier as device-offsets sets.
+    serving = load_spec(ROOT / "experiments" / "trace_serving.yaml", fams)
+    assert [s.name for s in serving.sets] == ["qwen3_30b_down_tiny", "qwen3_30b_gateup_tiny"]
+    for s in serving.sets:
+        assert {(b.options_dict()["tile_m"], b.options_dict()["tile_n"])
+                for b in s.builds} == {(16, 256)}
+    # A trace kernel never shares a build key with the shipped kernel of the same options (the
+    # trace modules are part of its sources), so one artifacts tree cannot mix them up.
+    shipped = load_families("kernels.families")
+    for path, traced_spec in [("trace_ab.yaml", spec), ("trace_serving.yaml", serving)]:
+        plain = {i.name: i.key for i in expand(load_spec(ROOT / "experiments" / path, shipped),
+                                               shipped)}
+        items = expand(traced_spec, fams)
+        traced = {i.name: i.key for i in items}
+        assert traced.keys() == plain.keys() and not set(traced.values()) & set(plain.values())
+        assert {i.options_dict()["device_offsets"] for i in items} == {
+            path == "trace_serving.yaml"}

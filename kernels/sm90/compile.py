@@ -25,7 +25,6 @@ from . import tma
 from .config import K_TILE, N_MULTIPLE, Config, k_multiple
 from .grouped_gemm import Sm90GroupedGemm
 from .offsets import Sm90OffsetsGemm
-from .trace import TracedSm90GroupedGemm, TracedSm90OffsetsGemm
 
 
 def _check_dsl_arch(arch: str) -> None:
@@ -39,15 +38,11 @@ def _check_dsl_arch(arch: str) -> None:
 def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, int]],
                    kernel_class: type[Sm90GroupedGemm] | None = None) -> CompiledKernel:
     """Compile the kernel for `config` (shape-generic; `groups` is recorded as what it serves).
-    `kernel_class`: a subclass overriding some roles, for diagnostic builds only
-    (experiments/diag_build.py); by default Sm90GroupedGemm (Sm90OffsetsGemm for device_offsets),
-    or for Config.trace its clock-stamping subclass (trace.py). The shipped kernels hold no
-    stamps."""
+    `kernel_class`: a subclass overriding some roles or hooks, for diagnostic builds only
+    (experiments/diag_build.py, experiments/trace_families.py); by default Sm90GroupedGemm, or
+    Sm90OffsetsGemm for device_offsets: the shipped kernels."""
     if kernel_class is None:
-        if config.device_offsets:
-            kernel_class = TracedSm90OffsetsGemm if config.trace else Sm90OffsetsGemm
-        else:
-            kernel_class = TracedSm90GroupedGemm if config.trace else Sm90GroupedGemm
+        kernel_class = Sm90OffsetsGemm if config.device_offsets else Sm90GroupedGemm
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 family, but got {arch!r}")
     _check_dsl_arch(arch)
@@ -76,7 +71,7 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
     symbols = list(compiled.kernel_info)
     if len(symbols) != 1:
         raise RuntimeError(f"expected exactly one kernel in the module, but got {symbols}")
-    if not config.trace:  # a trace build spills a few per-tile values outside the K loop
+    if gemm.REQUIRE_NO_STACK_FRAME:
         require_no_stack_frame(cubin, symbols[0],
                                "every role should fit its registers: check ptxas did not ignore "
                                "setmaxnreg ('ignored to maintain minimum register requirements')")

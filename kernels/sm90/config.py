@@ -96,11 +96,6 @@ class Config:
     # stores C. Every n-tile of an expert converts its A again: cheap at 16-32
     # rows, which is why larger tiles keep phase 1 (docs/lab_notebook.md, second session).
     inline_a: bool = False
-    # Diagnostics only (never in shapes.yaml): the producer and the first consumer warpgroup
-    # store %clock64 at their pipeline events into TRACE_BYTES of workspace per CTA, which
-    # experiments/trace_run.py reads back. compile_kernel builds it as trace.py's subclass
-    # (hooks.py's overrides); the default cubins are unchanged.
-    trace: bool = False
 
 
 def launch_registers(threads: int) -> int:
@@ -121,35 +116,6 @@ def register_split_fits(consumer_warpgroups: int, producer: int, consumer: int) 
 # The most dynamic shared memory one CTA may opt in to on sm_90 (227 KiB).
 SMEM_LIMIT = 232448
 SUB_K = 64  # K of one fp16 A slot and of one wgmma step
-
-# Config.trace's record per CTA: 8-byte clock stamps at fixed places (experiments/trace_run.py).
-# Tiles past TRACE_TILES are not recorded; stages past TRACE_STAGES share the last slot.
-TRACE_TILES, TRACE_STAGES = 4, 32
-# Per 64-K step of the first consumer warpgroup: weights ready, A slot ready, wgmma issued,
-# the previous step's wgmma retired.
-TRACE_STEP_EVENTS = 4
-# Per weight stage of the producer: weight slot free, weights issued, then each A slot free
-# and issued (K_TILE // SUB_K of them).
-TRACE_STAGE_EVENTS = 2 + K_TILE // SUB_K
-# Per tile (consumers): tile start, K loop retired, C tile free, C tile handed over.
-TRACE_TILE_EVENTS = 4
-# After the tiles' records, TRACE_CTA_SLOTS stamps of the CTA's own: its events, in this order
-# (the first is the CTA's start, by thread 0), then the %globaltimer ones below.
-TRACE_CTA_SLOTS = 16
-TRACE_CTA_EVENTS = ("CTA start", "descriptor templates copied", "first group's descriptors patched",
-                    "first weight stage issued", "first A stage found staged",
-                    "stagers' first iteration counted", "stagers' tables read and scanned",
-                    "stagers' first chunks converted and stored", "stagers' first proxy fence",
-                    "phase 1 staged (CTA barrier)", "grid barrier passed")
-# CTA events also stamped with %globaltimer (ns, comparable across CTAs: how far apart the CTAs
-# start, and when the last of them counts), event -> slot after TRACE_CTA_EVENTS.
-TRACE_GLOBAL_EVENTS = {e: len(TRACE_CTA_EVENTS) + i for i, e in enumerate((0, 4, 5, 9, 10))}
-assert len(TRACE_CTA_EVENTS) + len(TRACE_GLOBAL_EVENTS) <= TRACE_CTA_SLOTS
-TRACE_CONSUMER_BYTES = TRACE_TILES * TRACE_STAGES * (K_TILE // SUB_K) * TRACE_STEP_EVENTS * 8
-TRACE_PRODUCER_BYTES = TRACE_TILES * TRACE_STAGES * TRACE_STAGE_EVENTS * 8
-TRACE_TILE_BYTES = (TRACE_TILES * TRACE_TILE_EVENTS + TRACE_CTA_SLOTS) * 8
-TRACE_BYTES = TRACE_CONSUMER_BYTES + TRACE_PRODUCER_BYTES + TRACE_TILE_BYTES
-
 
 C_ROW_PAD = 8  # fp16 elements after each shared C row: consumers' stores avoid bank conflicts
 # Up to this many groups, phase 1 holds the group tables one per lane of each staging warp;
@@ -227,6 +193,9 @@ REMOVED_OPTIONS = {
               "register operand (branch wip-smem-fp16-b-option)",
     "stream_k": "in issue 25: stream-K lost 7% on moe_down and 3-8 us on the dense sets (branch "
                 "wip-stream-k-option)",
+    "trace": "in issue 25: the clock-stamp diagnostic is a build of its own, not an option "
+             "(python experiments/trace_families.py --spec SPEC --out DIR traces a spec's list "
+             "and serving sets: experiments/trace_ab.yaml, experiments/trace_serving.yaml)",
 }
 
 
@@ -255,7 +224,7 @@ def check(config: Config) -> list[str]:
     if config.tile_n == 256 and config.stream_a is True:
         reasons.append("tile_n 256 needs stream_a: false (its stager warps need registers the "
                        "four consumer warpgroups take)")
-    for name in ("async_epilogue", "patch_ahead", "stream_a", "trace"):
+    for name in ("async_epilogue", "patch_ahead", "stream_a"):
         value = getattr(config, name)
         if not isinstance(value, bool):
             reasons.append(f"{name} must be true or false, but got {value!r}")

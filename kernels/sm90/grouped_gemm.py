@@ -44,8 +44,8 @@ roles share (tables, tile walk, descriptor patching); compile.py compiles it. Th
 mixins: staged.py (role dispatch, phase 1, grid barrier), producer.py, consumer.py, epilogue.py
 (the tile loop), streamed.py (stream_a) and weights.py (weights into wgmma registers).
 structure.py has shared layout constants, fp4_bits.py / dequant.py the bit tricks, ptx.py the
-PTX. hooks.py: the no-op diagnostic hooks the roles call, which trace.py's subclass
-(Config.trace) overrides.
+PTX. hooks.py: the no-op diagnostic hooks the roles call, which the trace build's subclasses
+(experiments/trace_kernels.py) override.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ class Sm90GroupedGemm(StagedA, InlineA, TileProducer, TileConsumer, AsyncEpilogu
 
     # compile_kernel requires every wgmma to stay asynchronous (ptxas serializes them when a
     # thread holds too much); diagnostic subclasses without MMA (experiments/diag_kernels.py)
-    # clear it.
+    # clear it. Likewise every role must fit its registers (no stack frame), unless a diagnostic
+    # subclass (experiments/trace_kernels.py) clears REQUIRE_NO_STACK_FRAME.
     REQUIRE_ASYNC_WGMMA = True
+    REQUIRE_NO_STACK_FRAME = True
 
     def __init__(self, config: Config) -> None:
         reasons = self.can_implement(config)

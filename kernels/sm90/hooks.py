@@ -1,8 +1,9 @@
 """The shipped kernel's diagnostic hooks: methods the roles call at fixed places, which do
 nothing here (they emit no code: a Python call at trace time). A diagnostic subclass overrides
-them; the clock-stamp build (Config.trace) is kernels/sm90/trace.py's TracedSm90GroupedGemm,
-which compile_kernel picks for a trace config. A hook takes the raw values its override needs
-(never an expression over them), so the shipped kernels trace no extra operation."""
+them: the clock-stamp build is experiments/trace_kernels.py's TracedSm90GroupedGemm (and
+TracedSm90OffsetsGemm), which experiments/trace_families.py builds. A hook takes the raw
+values its override needs (never an expression over them), so the shipped kernels trace no
+extra operation."""
 
 from __future__ import annotations
 

@@ -221,14 +221,15 @@ def _stamp(register: str, addr: Any, pred: Any, loc: Any, ip: Any) -> None:
 
 @dsl_user_op
 def stamp_clock(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
-    """Store this SM's %clock64 at a global address when `pred` is non-zero (Config.trace)."""
+    """Store this SM's %clock64 at a global address when `pred` is non-zero (diagnostics:
+    experiments/trace_kernels.py)."""
     _stamp("%clock64", addr, pred, loc, ip)
 
 
 @dsl_user_op
 def stamp_globaltimer(addr: Any, pred: Any, *, loc: Any = None, ip: Any = None) -> None:
     """stamp_clock with %globaltimer (nanoseconds, one clock for the whole GPU), so stamps of
-    different CTAs compare (Config.trace)."""
+    different CTAs compare."""
     _stamp("%globaltimer", addr, pred, loc, ip)
 
 

@@ -99,8 +99,8 @@ class StagedA:
 
     def _past_descriptors(self, ws_base, grid, num_groups=None) -> Int64:
         """Workspace address past the zeroed header and every CTA's descriptor sets (and, in
-        a device-offsets kernel, every CTA's derived tables: offsets.py), where the trace
-        records (Config.trace) and then the fp16 A begin (runtime/plan.py)."""
+        a device-offsets kernel, every CTA's derived tables: offsets.py), where any diagnostic
+        records (hooks.py, _trace_start) and then the fp16 A begin (runtime/plan.py)."""
         past = self._descriptors_end(ws_base, grid)
         if cutlass.const_expr(self.config.device_offsets):
             past = past + Int64(grid) * Int64(offsets_tables_bytes(num_groups))

@@ -1,16 +1,16 @@
-"""Config.trace's clock stamps (a diagnostic build option; experiments/trace_run.py reads them): a
-record per CTA in the workspace, between the descriptors and the fp16 A (where stream-K's
-partial slots would sit), with the SM's %clock64 at fixed places (kernels/sm90/config.py,
-TRACE_*). TracedSm90GroupedGemm overrides the shipped kernel's no-op hooks (hooks.py);
-compile_kernel picks it for a trace config, so the shipped kernels hold none of it."""
+"""The trace build's kernels (experiments/trace_families.py; its compile module, so it imports
+cutlass): TracedSm90GroupedGemm overrides the shipped kernel's no-op hooks
+(kernels/sm90/hooks.py) with clock stamps into a record per CTA in the workspace, between the
+descriptors and the fp16 A, at the places trace_families.TRACE_* lay out;
+TracedSm90OffsetsGemm is the device-offsets (serving) kernel with the same stamps. The shipped
+kernels hold none of it."""
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
-
-from .config import (
+from trace_families import (
     TRACE_BYTES,
     TRACE_CONSUMER_BYTES,
     TRACE_GLOBAL_EVENTS,
@@ -21,10 +21,23 @@ from .config import (
     TRACE_TILE_EVENTS,
     TRACE_TILES,
 )
-from .grouped_gemm import Sm90GroupedGemm
-from .offsets import Sm90OffsetsGemm
-from .ptx import stamp_clock, stamp_globaltimer
-from .structure import SUB_STEPS
+
+from kernels.abi import CompiledKernel
+from kernels.sm90 import compile as sm90_compile
+from kernels.sm90.config import Config
+from kernels.sm90.grouped_gemm import Sm90GroupedGemm
+from kernels.sm90.offsets import Sm90OffsetsGemm
+from kernels.sm90.ptx import stamp_clock, stamp_globaltimer
+from kernels.sm90.structure import SUB_STEPS
+
+
+def compile_kernel(config: Config, *, arch: str,
+                   groups: list[tuple[int, int, int]]) -> CompiledKernel:
+    """The build worker's entry (trace_families.py): `config`'s kernel with the stamps,
+    TracedSm90OffsetsGemm for device_offsets, else TracedSm90GroupedGemm."""
+    kernel_class = TracedSm90OffsetsGemm if config.device_offsets else TracedSm90GroupedGemm
+    return sm90_compile.compile_kernel(config, arch=arch, groups=groups,
+                                       kernel_class=kernel_class)
 
 
 class TracedSm90GroupedGemm(Sm90GroupedGemm):
@@ -33,6 +46,7 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
     tile, whether this thread records it); hooks given None stamp nothing."""
 
     trace_bytes = TRACE_BYTES
+    REQUIRE_NO_STACK_FRAME = False  # the stamps spill a few per-tile values outside the K loop
 
     def _trace_start(self, workspace, a16_base, tidx, bidx, grid, num_groups=None) -> Int64:
         """Reserve the grid's records before A (returns A's new base) and stamp the CTA's
@@ -97,7 +111,7 @@ class TracedSm90GroupedGemm(Sm90GroupedGemm):
                 + Int64(bidx * TRACE_BYTES + offset))
 
     def _stamp_cta(self, event: int, rec) -> None:
-        """One of the CTA's own events (config.TRACE_CTA_EVENTS), after its tiles' records.
+        """One of the CTA's own events (trace_families.TRACE_CTA_EVENTS), after its tiles' records.
         The events named in TRACE_GLOBAL_EVENTS also get a %globaltimer stamp in their own
         slot, which compares across CTAs."""
         self._stamp_tile_at(Int32(TRACE_TILES), event, rec)
