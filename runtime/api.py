@@ -35,6 +35,7 @@ from .validate import (
     check_constraints,
     check_inputs,
     check_no_overlap,
+    check_out_overlap,
     out_dtype_name,
 )
 
@@ -345,6 +346,11 @@ class GroupedGemm:
             ptrs[4].extend(c.data_ptr() for c in out)
         else:
             out = list(out)
+            if alpha is not None:
+                # alpha is read by the epilogue that writes out (validate's overlap check
+                # covers the operands; the pointer-table cache key does not hold alpha).
+                for g, c in enumerate(out):
+                    check_out_overlap(c, (("alpha", alpha),), f"out[{g}]")
 
             def overlap() -> None:
                 # Run by the launch path only when it builds a new pointer table: the verdict

@@ -29,6 +29,9 @@ from .errors import InputError
 __all__ = ["scaled_grouped_mm", "use"]
 
 NVFP4_RECIPE = [ScalingType.BlockWise1x16, ScalingType.TensorWise]
+_RUNTIME_NAMES = ("in runtime.compat.scaled_grouped_mm: a is mat_a, b is mat_b.transpose(-2, -1), "
+                  "sfa is scale_a[0], sfb is scale_b[0], alpha is scale_a[1] * scale_b[1], "
+                  "out_dtype is output_dtype")
 _gg: Any = None
 
 
@@ -117,6 +120,9 @@ def scaled_grouped_mm(
     if not isinstance(mat_b, torch.Tensor) or mat_b.dim() != 3:
         raise InputError(f"mat_b must be (E, K/2, N) (the transpose(-2, -1) view of (E, N, "
                          f"K/2) weights), but got {_describe(mat_b)}")
+    if isinstance(mat_a, torch.Tensor) and mat_a.dim() == 2 and mat_b.shape[1] != mat_a.shape[1]:
+        raise InputError(f"mat_b must be (E, K/2, N) with mat_a's K/2 = {mat_a.shape[1]} in "
+                         f"dim 1, but got shape {tuple(mat_b.shape)}")
     sfa, global_a = _pair("scale_a", scale_a)
     sfb, global_b = _pair("scale_b", scale_b)
     experts = mat_b.shape[0]
@@ -124,11 +130,19 @@ def scaled_grouped_mm(
         if g.dtype != torch.float32 or g.numel() not in (1, experts):
             raise InputError(f"{name} must be a float32 global scale, one value or one per "
                              f"expert ({experts}), but got {_describe(g)}")
+        if isinstance(mat_a, torch.Tensor) and g.device != mat_a.device:
+            # The kernel reads alpha = global_a * global_b on the device, never on the host.
+            raise InputError(f"{name} must be on mat_a's device {mat_a.device}, but got a "
+                             f"tensor on {g.device}")
     b = mat_b.transpose(-2, -1)
     if not b.is_contiguous():
         raise InputError(f"mat_b must be the transpose(-2, -1) view of contiguous (E, N, K/2) "
                          f"weights, but its strides are {mat_b.stride()}")
     alpha = (global_a.reshape(-1) * global_b.reshape(-1)).expand(experts).contiguous()
-    return _serving().scaled_grouped_mm(
-        mat_a, b, sfa, sfb, offs, alpha=alpha,
-        out_dtype=torch.bfloat16 if output_dtype is None else output_dtype)
+    try:
+        return _serving().scaled_grouped_mm(
+            mat_a, b, sfa, sfb, offs, alpha=alpha,
+            out_dtype=torch.bfloat16 if output_dtype is None else output_dtype)
+    except InputError as err:
+        # The runtime's checks name its own arguments: say which of the caller's they are.
+        raise InputError(f"{err} ({_RUNTIME_NAMES})") from None

@@ -30,7 +30,7 @@ from .dispatch import dynamic_groups
 from .errors import InputError, NoKernelError
 from .formats import MN_LIMIT, blocked_scale_numel
 from .manifest import KernelEntry
-from .serving import _tensor, check_devices
+from .serving import _tensor, check_devices, must
 from .validate import (
     _FP4,
     _FP4_NAMES,
@@ -38,8 +38,41 @@ from .validate import (
     _SF_NAMES,
     OUT_TORCH_DTYPES,
     check_alpha,
+    check_out_overlap,
     out_dtype_name,
 )
+
+
+def _numel(shape: tuple) -> Any:
+    count = 1
+    for size in shape:
+        count = count * size
+    return count
+
+
+def check_masked_sizes(experts: Any, max_m: Any, half_k: Any, b_shape: tuple, masked_len: Any,
+                       sfa_shape: tuple, sfb_shape: tuple, require: Any = must) -> None:
+    """The size checks of a masked_grouped_mm call over sizes alone (ints, or the SymInts of
+    the torch op's fake: serving.check_serving_sizes' twin)."""
+    require(tuple(b_shape[::2]) == (experts, half_k), lambda: (
+        f"b must have shape (E, N, K/2) = ({experts}, N, {half_k}) (a's E and K/2), but got "
+        f"{tuple(b_shape)}"))
+    n = b_shape[1]
+    require(experts > 0 and n > 0, lambda: f"b must have E > 0 experts of N > 0 rows, but got "
+                                           f"{tuple(b_shape)}")
+    require(half_k > 0 and half_k % 8 == 0,
+            lambda: f"a.shape[2] (K/2) must be a positive multiple of 8, but got {half_k}")
+    k = 2 * half_k
+    require(masked_len == experts, lambda: f"masked_m must have shape ({experts},) (one row "
+                                           f"count per expert), but got ({masked_len},)")
+    for name, shape, rows in (("sfa", sfa_shape, max_m), ("sfb", sfb_shape, n)):
+        want = experts * blocked_scale_numel(rows, k)
+        numel = _numel(shape)
+        require(numel == want, lambda name=name, want=want, numel=numel, shape=shape, rows=rows: (
+            f"{name} must have {want} elements ((E, round_up({rows}, 128) * round_up(K/16, 4)) "
+            f"blocked), but got {numel} (shape {tuple(shape)})"))
+    require(max_m * n < MN_LIMIT, lambda: f"a.shape[1] (max_m) must keep max_m * N < 2^31 "
+                                          f"(N = {n}), but got {max_m}")
 
 
 def check_masked(a: Any, b: Any, sfa: Any, sfb: Any, masked_m: Any, expected_m: Any,
@@ -52,27 +85,9 @@ def check_masked(a: Any, b: Any, sfa: Any, sfb: Any, masked_m: Any, expected_m: 
     sfb = _tensor("sfb", sfb, _SF, _SF_NAMES, 0, "")
     masked_m = _tensor("masked_m", masked_m, (torch.int32,), "torch.int32", 1, "(E,)")
     experts, max_m, half_k = a.shape
-    if tuple(b.shape[::2]) != (experts, half_k):
-        raise InputError(f"b must have shape (E, N, K/2) = ({experts}, N, {half_k}) (a's E and "
-                         f"K/2), but got {tuple(b.shape)}")
-    n = b.shape[1]
-    if experts <= 0 or n <= 0:
-        raise InputError(f"b must have E > 0 experts of N > 0 rows, but got {tuple(b.shape)}")
-    if half_k <= 0 or half_k % 8:
-        raise InputError(f"a.shape[2] (K/2) must be a positive multiple of 8, but got {half_k}")
-    k = 2 * half_k
-    if tuple(masked_m.shape) != (experts,):
-        raise InputError(f"masked_m must have shape ({experts},) (one row count per expert), "
-                         f"but got {tuple(masked_m.shape)}")
-    for name, x, rows in (("sfa", sfa, max_m), ("sfb", sfb, n)):
-        want = experts * blocked_scale_numel(rows, k)
-        if x.numel() != want:
-            raise InputError(f"{name} must have {want} elements ((E, round_up({rows}, 128) * "
-                             f"round_up(K/16, 4)) blocked), but got {x.numel()} (shape "
-                             f"{tuple(x.shape)})")
-    if max_m * n >= MN_LIMIT:
-        raise InputError(f"a.shape[1] (max_m) must keep max_m * N < 2^31 (N = {n}), but got "
-                         f"{max_m}")
+    check_masked_sizes(experts, max_m, half_k, tuple(b.shape), masked_m.shape[0],
+                       tuple(sfa.shape), tuple(sfb.shape))
+    n, k = b.shape[1], 2 * half_k
     if expected_m is not None and (not isinstance(expected_m, int) or isinstance(
             expected_m, bool) or expected_m < 0):
         raise InputError(f"expected_m must be None or an int >= 0 (a host hint of the rows per "
@@ -87,6 +102,8 @@ def check_masked(a: Any, b: Any, sfa: Any, sfb: Any, masked_m: Any, expected_m: 
     ordinal = check_devices((("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)), "masked_m",
                             masked_m, out)
     alpha_ptr = 0 if alpha is None else check_alpha(alpha, experts, ordinal)
+    check_out_overlap(out, (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb),
+                            ("masked_m", masked_m), ("alpha", alpha)))
     return {"experts": experts, "max_m": max_m, "n": n, "k": k, "dtype": dtype,
             "ordinal": ordinal, "alpha_ptr": alpha_ptr, "out": out}
 

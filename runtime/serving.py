@@ -55,6 +55,7 @@ from .validate import (
     ALIGN,
     OUT_TORCH_DTYPES,
     check_alpha,
+    check_out_overlap,
     out_dtype_name,
 )
 
@@ -107,6 +108,42 @@ def check_devices(operands: tuple[tuple[str, torch.Tensor], ...], index_name: st
     return ordinal
 
 
+def must(cond: Any, message: Any) -> None:
+    """InputError(message()) unless cond: the `require` of the size checks below for concrete
+    sizes (the torch op's fake passes one that also takes symbolic ones)."""
+    if not cond:
+        raise InputError(message())
+
+
+def check_serving_sizes(t: Any, experts: Any, n: Any, half_k: Any, b_half_k: Any, offs_len: Any,
+                        sfa_numel: Any, sfb_shape: tuple, require: Any = must) -> None:
+    """The size checks of a scaled_grouped_mm call, over sizes alone (ints, or the SymInts of
+    the torch op's fake at trace time), so compiling rejects what the eager call would."""
+    require(b_half_k == half_k, lambda: f"b.shape[2] must equal a.shape[1] = {half_k} (K/2 "
+                                        f"bytes), but got {b_half_k}")
+    require(half_k > 0 and half_k % 8 == 0,
+            lambda: f"a.shape[1] (K/2) must be a positive multiple of 8 (K a multiple of 16: "
+                    f"one scale per 16 values), but got {half_k}")
+    require(experts > 0 and n > 0, lambda: f"b must have E > 0 experts of N > 0 rows, but got "
+                                           f"shape {(experts, n, b_half_k)}")
+    require(offs_len == experts, lambda: f"offs must have shape ({experts},) (one end offset per "
+                                         f"expert of b), but got ({offs_len},)")
+    k = 2 * half_k
+    cols = scale_cols(k)
+    need = sfa_rows_needed(t, experts) * cols
+    require(sfa_numel >= need, lambda: (
+        f"sfa must have at least {need} elements (room for any routing: round_up(T, 128) + "
+        f"128 * E = {sfa_rows_needed(t, experts)} blocked rows x {cols} scale columns, "
+        f"T = {t}, E = {experts}), but got {sfa_numel}"))
+    want_b = experts * blocked_scale_numel(n, k)
+    sfb_numel = 1
+    for size in sfb_shape:
+        sfb_numel = sfb_numel * size
+    require(sfb_numel == want_b, lambda: (
+        f"sfb must have {want_b} elements ((E, round_up(N, 128) * round_up(K/16, 4)) = "
+        f"({experts}, {want_b // experts})), but got {sfb_numel} (shape {tuple(sfb_shape)})"))
+
+
 def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out: Any,
                   out_dtype: Any) -> ServingCall:
     """Every check of a scaled_grouped_mm call that needs no device data (nothing is read from
@@ -118,31 +155,9 @@ def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out
     offs = _tensor("offs", offs, (torch.int32,), "torch.int32", 1, "(E,)")
     t, half_k = a.shape
     experts, n, b_half_k = b.shape
-    if b_half_k != half_k:
-        raise InputError(f"b.shape[2] must equal a.shape[1] = {half_k} (K/2 bytes), but got "
-                         f"{b_half_k}")
-    if half_k <= 0 or half_k % 8:
-        raise InputError(f"a.shape[1] (K/2) must be a positive multiple of 8 (K a multiple of "
-                         f"16: one scale per 16 values), but got {half_k}")
-    if experts <= 0 or n <= 0:
-        raise InputError(f"b must have E > 0 experts of N > 0 rows, but got shape "
-                         f"{tuple(b.shape)}")
+    check_serving_sizes(t, experts, n, half_k, b_half_k, offs.shape[0], sfa.numel(),
+                        tuple(sfb.shape))
     k = 2 * half_k
-    if offs.shape[0] != experts:
-        raise InputError(f"offs must have shape ({experts},) (one end offset per expert of b), "
-                         f"but got {tuple(offs.shape)}")
-    cols = scale_cols(k)
-    need = sfa_rows_needed(t, experts) * cols
-    if sfa.numel() < need:
-        raise InputError(
-            f"sfa must have at least {need} elements (room for any routing: round_up(T, 128) + "
-            f"128 * E = {sfa_rows_needed(t, experts)} blocked rows x {cols} scale columns, "
-            f"T = {t}, E = {experts}), but got {sfa.numel()}")
-    want_b = experts * blocked_scale_numel(n, k)
-    if sfb.numel() != want_b:
-        raise InputError(f"sfb must have {want_b} elements ((E, round_up(N, 128) * "
-                         f"round_up(K/16, 4)) = ({experts}, {want_b // experts})), but got "
-                         f"{sfb.numel()} (shape {tuple(sfb.shape)})")
     if out is not None:
         out = _tensor("out", out, tuple(OUT_TORCH_DTYPES.values()),
                       "torch.float16 or torch.bfloat16", 2, "(T, N)")
@@ -152,6 +167,8 @@ def check_serving(a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, out
     dtype = out_dtype_name([out] if out is not None else None, out_dtype)
     ordinal = check_devices((("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb)), "offs", offs, out)
     alpha_ptr = 0 if alpha is None else check_alpha(alpha, experts, ordinal)
+    check_out_overlap(out, (("a", a), ("b", b), ("sfa", sfa), ("sfb", sfb), ("offs", offs),
+                            ("alpha", alpha)))
     return ServingCall(a=a, b=b, sfa=sfa, sfb=sfb, offs=offs, out=out, t=t, n=n, k=k,
                        experts=experts, dtype=dtype, ordinal=ordinal, alpha_ptr=alpha_ptr)
 
@@ -263,7 +280,8 @@ class _Signature:
     fast path) with the same out_dtype argument and 16-byte aligned data pointers would pass
     check_serving and select the same kernel and plan, so it skips them."""
 
-    __slots__ = ("guard", "op", "out_dtype", "out_shape", "out_torch_dtype", "rt")
+    __slots__ = ("guard", "in_bytes", "op", "out_bytes", "out_dtype", "out_shape",
+                 "out_torch_dtype", "rt")
 
     def __init__(self, **kw: Any) -> None:
         for key, value in kw.items():
@@ -287,13 +305,23 @@ def _fast(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any, ou
     else:
         return None
     pa, pb, psfa, psfb = a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr()
+    po, pal = offs.data_ptr(), 0 if alpha is None else alpha.data_ptr()
     if out is None:
         out = torch.empty(sig.out_shape, dtype=sig.out_torch_dtype, device=a.device)
-    pc = out.data_ptr()
+        pc = out.data_ptr()
+    else:
+        # The guard fixed every shape, so the byte spans are the signature's: out may share
+        # none with an input (check_out_overlap names the one it does).
+        pc = out.data_ptr()
+        end = pc + sig.out_bytes
+        na, nb, nsa, nsb, no, nal = sig.in_bytes
+        if ((pa < end and pc < pa + na) or (pb < end and pc < pb + nb)
+                or (psfa < end and pc < psfa + nsa) or (psfb < end and pc < psfb + nsb)
+                or (po < end and pc < po + no) or (pal < end and pc < pal + nal)):
+            return None
     if (pa | pb | psfa | psfb | pc) & (ALIGN - 1):
         return None  # the full path names the misaligned tensor
-    sig.rt.launch_offsets(sig.op, (offs.data_ptr(), pa, pb, psfa, psfb, pc),
-                          0 if alpha is None else alpha.data_ptr())
+    sig.rt.launch_offsets(sig.op, (po, pa, pb, psfa, psfb, pc), pal)
     return out
 
 
@@ -317,7 +345,10 @@ def _remember(gg: Any, a: Any, b: Any, sfa: Any, sfb: Any, offs: Any, alpha: Any
     sig = _Signature(guard=guard_type(*examples, dynamic_dims_sizes=None,
                                       dynamic_dims_strides=None),
                      op=op, out_dtype=out_dtype, out_shape=(call.t, call.n),
-                     out_torch_dtype=result.dtype, rt=rt)
+                     out_torch_dtype=result.dtype, rt=rt,
+                     in_bytes=tuple(0 if x is None else x.numel() * x.element_size()
+                                    for x in (a, b, sfa, sfb, offs, alpha)),
+                     out_bytes=result.numel() * result.element_size())
     table = gg._serving_signatures
     key = (id(b), alpha is None, out is None)
     if len(table) >= SIGNATURES and key not in table:

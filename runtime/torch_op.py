@@ -56,6 +56,8 @@ import torch
 from torch import Tensor
 
 from .errors import InputError
+from .masked import check_masked_sizes
+from .serving import check_serving_sizes
 
 __all__ = ["DEFAULT", "grouped_gemm", "lookup", "masked_grouped_mm", "register", "registered",
            "scaled_grouped_mm", "unregister"]
@@ -236,14 +238,21 @@ def _scaled_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, offs
         raise InputError(f"a must be (T, K/2) and b (E, N, K/2), but got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
     _fake_dtypes(a, b, sfa, sfb, "offs", offs)
-    _require(offs.shape[0] == b.shape[0],
-             lambda: f"offs must have shape ({b.shape[0]},), but got {tuple(offs.shape)}")
-    _require(a.shape[1] == b.shape[2],
-             lambda: f"a and b must have the same K/2, but got {a.shape[1]} and {b.shape[2]}")
+    _fake_devices(a, (("b", b), ("sfa", sfa), ("sfb", sfb), ("offs", offs), ("alpha", alpha)))
+    check_serving_sizes(a.shape[0], b.shape[0], b.shape[1], a.shape[1], b.shape[2],
+                        offs.shape[0], sfa.numel(), tuple(sfb.shape), require=_require)
     _fake_alpha(alpha, b.shape[0])
     if out_dtype not in _OUT:
         raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype)
+
+
+def _fake_devices(a: Tensor, others: tuple) -> None:
+    """Every tensor on a's device, at trace time (the runtime also asks for CUDA)."""
+    for name, x in others:
+        if x is not None and x.device != a.device:
+            raise InputError(f"{name} must be on a's device {a.device}, but got a tensor on "
+                             f"{x.device}")
 
 
 def _fake_dtypes(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, index_name: str,
@@ -266,7 +275,7 @@ def _masked_grouped_mm(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, masked_m:
                        alpha: Tensor | None = None,
                        out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
     return lookup(artifacts).masked_grouped_mm(
-        a, b, sfa, sfb, masked_m, expected_m=None if expected_m < 0 else expected_m,
+        a, b, sfa, sfb, masked_m, expected_m=None if expected_m == -1 else expected_m,
         alpha=alpha, out_dtype=out_dtype)
 
 
@@ -282,11 +291,13 @@ def _masked_grouped_mm_fake(a: Tensor, b: Tensor, sfa: Tensor, sfb: Tensor, mask
         raise InputError(f"a must be (E, max_m, K/2) and b (E, N, K/2), but got shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
     _fake_dtypes(a, b, sfa, sfb, "masked_m", masked_m)
-    _require(masked_m.shape[0] == b.shape[0] and a.shape[0] == b.shape[0],
-             lambda: f"a, b and masked_m must have the same E, but got {a.shape[0]}, "
-                     f"{b.shape[0]} and {masked_m.shape[0]}")
-    _require(a.shape[2] == b.shape[2],
-             lambda: f"a and b must have the same K/2, but got {a.shape[2]} and {b.shape[2]}")
+    _fake_devices(a, (("b", b), ("sfa", sfa), ("sfb", sfb), ("masked_m", masked_m),
+                      ("alpha", alpha)))
+    check_masked_sizes(a.shape[0], a.shape[1], a.shape[2], tuple(b.shape), masked_m.shape[0],
+                       tuple(sfa.shape), tuple(sfb.shape), require=_require)
+    if expected_m < -1:
+        raise InputError(f"expected_m must be -1 (none) or an int >= 0 (a host hint of the rows "
+                         f"per expert), but got {expected_m}")
     _fake_alpha(alpha, b.shape[0])
     if out_dtype not in _OUT:
         raise InputError(f"out_dtype must be one of {list(_OUT)}, but got {out_dtype}")

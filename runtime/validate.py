@@ -467,6 +467,9 @@ def check_alpha(alpha: Any, groups: int, ordinal: int, name: str = "alpha") -> i
     if not isinstance(alpha, torch.Tensor):
         raise InputError(f"{name} must be a torch.Tensor of float32 of shape ({groups},) on "
                          f"cuda:{ordinal}, or None, but got {type(alpha).__name__}")
+    if alpha.layout is not torch.strided or alpha.is_nested:
+        raise InputError(f"{name} must be a dense tensor (layout torch.strided), but got "
+                         f"{'a nested tensor' if alpha.is_nested else f'layout {alpha.layout}'}")
     if alpha.dtype is not torch.float32:
         raise InputError(f"{name} must have dtype torch.float32 (one fp32 scale per group), "
                          f"but got {alpha.dtype}")
@@ -482,3 +485,19 @@ def check_alpha(alpha: Any, groups: int, ordinal: int, name: str = "alpha") -> i
     if groups > 1 and alpha.stride(0) != 1:
         raise InputError(f"{name} must be contiguous, but got stride {alpha.stride()}")
     return alpha.data_ptr()
+
+
+def check_out_overlap(out: torch.Tensor | None, named: tuple[tuple[str, Any], ...],
+                      out_name: str = "out") -> None:
+    """out must share no byte with an input (the kernel would read what it writes): the list
+    API's rule (validate.overlap_of), for a call's one out and its named input tensors."""
+    if out is None or not out.numel():
+        return
+    start = out.data_ptr()
+    end = start + out.numel() * out.element_size()
+    for name, x in named:
+        if x is not None and x.numel():
+            p = x.data_ptr()
+            if p < end and start < p + x.numel() * x.element_size():
+                raise InputError(f"{out_name} must not overlap any other argument, but it "
+                                 f"overlaps {name}")

@@ -88,9 +88,32 @@ def test_nvfp4_call_maps_onto_the_serving_api(rec) -> None:
     (dict(mat_b=torch.zeros(E, K // 2, N, dtype=torch.uint8)),
      "mat_b must be the transpose(-2, -1) view of contiguous (E, N, K/2) weights, but its "
      f"strides are ({K // 2 * N}, {N}, 1)"),
+    (dict(mat_b=torch.zeros(E, N, K // 4, dtype=torch.uint8).transpose(-2, -1)),
+     f"mat_b must be (E, K/2, N) with mat_a's K/2 = {K // 2} in dim 1, but got shape "
+     f"({E}, {K // 4}, {N})"),
+    # A global scale elsewhere than mat_a (here the meta device; on a GPU, a CPU scalar).
+    (dict(scale_a=[torch.zeros(10, dtype=torch.uint8), torch.tensor(0.5, device="meta")]),
+     "scale_a[1] must be on mat_a's device cpu, but got a tensor on meta"),
 ])
 def test_other_forms_are_refused(rec, edit, message) -> None:
     with pytest.raises(InputError) as info:
         compat.scaled_grouped_mm(**{**args(), **edit})
     assert str(info.value) == message
     assert rec.calls == []
+
+
+def test_the_runtimes_errors_say_which_argument_of_the_callers_they_name() -> None:
+    class Refusing:
+        def scaled_grouped_mm(self, *args, **kwargs):
+            raise InputError("sfa must have at least 1024 elements, but got 10")
+
+    compat.use(Refusing())
+    try:
+        with pytest.raises(InputError) as info:
+            compat.scaled_grouped_mm(**args())
+    finally:
+        compat.use(None)
+    assert str(info.value) == (
+        "sfa must have at least 1024 elements, but got 10 (in runtime.compat.scaled_grouped_mm: "
+        "a is mat_a, b is mat_b.transpose(-2, -1), sfa is scale_a[0], sfb is scale_b[0], alpha "
+        "is scale_a[1] * scale_b[1], out_dtype is output_dtype)")

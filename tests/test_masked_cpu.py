@@ -141,3 +141,14 @@ def test_torch_op_fake_gives_e_by_max_m_by_n() -> None:
             torch.ops.nvfp4.masked_grouped_mm(a["a"], a["b"], a["sfa"], a["sfb"],
                                               torch.zeros(E, dtype=torch.int64))
         assert "masked_m must be a 1-D torch.int32 tensor" in str(info.value)
+        # The eager call's size checks and expected_m's range, at trace time.
+        with pytest.raises(InputError) as info:
+            torch.ops.nvfp4.masked_grouped_mm(a["a"], a["b"], a["sfa"][:, :100], a["sfb"],
+                                              a["masked_m"], 16)
+        assert str(info.value).startswith(f"sfa must have {E * blocked_scale_numel(MAX_M, K)} "
+                                          f"elements")
+        with pytest.raises(InputError) as info:
+            torch.ops.nvfp4.masked_grouped_mm(a["a"], a["b"], a["sfa"], a["sfb"],
+                                              a["masked_m"], -5)
+        assert str(info.value) == ("expected_m must be -1 (none) or an int >= 0 (a host hint "
+                                   "of the rows per expert), but got -5")

@@ -407,6 +407,13 @@ def test_bad_inputs_on_gpu_raise_before_launch(gg, entries) -> None:
             with pytest.raises(InputError, match=r"^out\[0\] must not overlap any other "
                                                  r"argument, but it overlaps b_list\[0\]$"):
                 gg.grouped_gemm(a, b, sfa, sfb, out=out)
+        if e.takes_alpha and m * n >= 2 * len(shapes):
+            # alpha read by the epilogue that writes out[0]: refused too.
+            out = poisoned(shapes, "cuda")
+            alpha = out[0].view(-1)[: 2 * len(shapes)].view(torch.float32)
+            with pytest.raises(InputError, match=r"^out\[0\] must not overlap any other "
+                                                 r"argument, but it overlaps alpha$"):
+                gg.grouped_gemm(a, b, sfa, sfb, out=out, alpha=alpha)
 
 
 def test_all_m_zero_launches_nothing(gg, entries) -> None:
@@ -804,3 +811,33 @@ def test_alpha_and_bf16_through_every_launch_path(gg, entries) -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert all(torch.equal(o, r) for o, r in zip(out, expect(alphas[j]))), f"replay {j}"
+
+
+def test_serving_out_overlapping_an_input_is_refused_on_both_paths(gg) -> None:
+    """An out sharing bytes with a, offs or alpha raises InputError naming it, with nothing
+    launched, also after a validated call of the same shapes (the fast path's span check sends
+    it to the full path, whose check_out_overlap names the input)."""
+    arch = gg.device_runtime(0).arch
+    kernels = [e for e in gg.kernels if e.arch == arch and e.takes_offsets and not e.takes_masked
+               and e.out_dtype == "bfloat16" and e.takes_alpha]
+    if not kernels:
+        pytest.skip(f"no bf16 device-offsets kernel with alpha in {ARTIFACTS} ({arch})")
+    e = kernels[0]
+    a, b, sfa, sfb, offs = serving_inputs(e, serving_counts(gg, e), "cuda", seed=5)
+    t, n = a.shape[0], b.shape[1]
+    alpha = torch.ones(b.shape[0], dtype=torch.float32, device="cuda")
+    out = torch.empty(t, n, dtype=torch.bfloat16, device="cuda")
+    gg.scaled_grouped_mm(a, b, sfa, sfb, offs, alpha=alpha, out=out)  # the fast path's signature
+    torch.cuda.synchronize()
+    # One buffer holding out, with a's bytes, offs' and alpha's placed inside it in turn.
+    store = torch.zeros(t * n * 2 + a.numel(), dtype=torch.uint8, device="cuda")
+    aliased_out = store[:t * n * 2].view(torch.bfloat16).view(t, n)
+    a_in = store[-a.numel() - 16:-16].view(a.shape).view(a.dtype)
+    offs_in = aliased_out.view(-1)[: 2 * offs.numel()].view(torch.int32)
+    alpha_in = aliased_out.view(-1)[64: 64 + 2 * alpha.numel()].view(torch.float32)
+    for name, args in (("a", (a_in, offs, alpha)), ("offs", (a, offs_in, alpha)),
+                       ("alpha", (a, offs, alpha_in))):
+        x, o, al = args
+        with pytest.raises(InputError, match=f"out must not overlap any other argument, but it "
+                                             f"overlaps {name}$"):
+            gg.scaled_grouped_mm(x, b, sfa, sfb, o, alpha=al, out=aliased_out)

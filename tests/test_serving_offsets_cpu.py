@@ -244,7 +244,9 @@ def test_fast_path_launches_only_for_a_matching_validated_signature() -> None:
         guard=guard_type(a, b, sfa, sfb, offs, out, dynamic_dims_sizes=None,
                          dynamic_dims_strides=None),
         op="plan", out_dtype=torch.bfloat16, out_shape=(64, N),
-        out_torch_dtype=torch.bfloat16, rt=rt)
+        out_torch_dtype=torch.bfloat16, rt=rt,
+        in_bytes=tuple(x.numel() * x.element_size() for x in (a, b, sfa, sfb, offs)) + (0,),
+        out_bytes=out.numel() * 2)
     assert serving._fast(gg, a, b, sfa, sfb, offs, None, out, torch.bfloat16) is None  # none kept
     gg._serving_signatures[(id(b), True, False)] = (sig,)
     got = serving._fast(gg, a, b, sfa, sfb, offs, None, out, torch.bfloat16)
@@ -264,6 +266,16 @@ def test_fast_path_launches_only_for_a_matching_validated_signature() -> None:
                          out, torch.bfloat16) is None
     bad = torch.zeros(64 * (K // 2) + 1, dtype=torch.uint8)[1:].view(64, K // 2)  # misaligned
     assert serving._fast(gg, bad, b, sfa, sfb, offs, None, out, torch.bfloat16) is None
+    # An out sharing bytes with any input (here the tail of a's storage, or offs) passes the
+    # guard (same shapes and strides) but not the span check.
+    store = torch.zeros(64 * (K // 2) + out.numel() * 2, dtype=torch.uint8)
+    a_in = store[:64 * (K // 2)].view(64, K // 2)
+    aliased = store[64 * (K // 2) - 16:][:out.numel() * 2].view(torch.bfloat16).view(64, N)
+    assert serving._fast(gg, a_in, b, sfa, sfb, offs, None, aliased, torch.bfloat16) is None
+    over_offs = torch.zeros(out.numel(), dtype=torch.bfloat16)
+    offs_in = over_offs[:8].view(torch.int32)  # out's first 16 bytes
+    assert serving._fast(gg, a, b, sfa, sfb, offs_in, None, over_offs.view(64, N),
+                         torch.bfloat16) is None
     assert len(rt.launches) == n
 
 
@@ -343,3 +355,22 @@ def test_k_multiple_is_64_and_256_with_stream_a() -> None:
     assert check_groups(Config(stream_a=True), [2880]) == [
         "k must be a multiple of 256 with these options (stream_a stages A in whole K_TILE "
         "stages), but the groups have k [2880]"]
+
+
+def test_check_out_overlap_names_the_first_input_out_shares_a_byte_with() -> None:
+    import torch
+
+    from runtime.errors import InputError
+    from runtime.validate import check_out_overlap
+
+    store = torch.zeros(1024, dtype=torch.uint8)
+    out = store[256:512]
+    inputs = {"a": store[:256], "offs": store[512:528], "alpha": None}
+    check_out_overlap(out, tuple(inputs.items()))  # adjacent spans share no byte
+    check_out_overlap(None, tuple(inputs.items()))
+    check_out_overlap(store[0:0], (("a", store),))  # an empty out writes nothing
+    for name, x in (("a", store[:257]), ("offs", store[511:527]), ("alpha", store[300:304])):
+        with pytest.raises(InputError) as info:
+            check_out_overlap(out, tuple({**inputs, name: x}.items()))
+        assert str(info.value) == ("out must not overlap any other argument, but it overlaps "
+                                   f"{name}")

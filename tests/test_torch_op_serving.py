@@ -82,8 +82,18 @@ def test_fake_gives_t_by_n_in_out_dtype_and_checks_at_trace_time() -> None:
     meta = [x.to("meta") for x in layer([5, 0, 9], 16)]
     out = OP(*meta, KEY, None, torch.float16)
     assert (out.shape, out.dtype, out.device.type) == ((16, N), torch.float16, "meta")
-    with pytest.raises(InputError, match=r"^offs must have shape \(3,\), but got \(2,\)$"):
+    # The eager call's size checks, at trace time (runtime.serving.check_serving_sizes).
+    with pytest.raises(InputError, match=r"^offs must have shape \(3,\) \(one end offset per "
+                                         r"expert of b\), but got \(2,\)$"):
         OP(*meta[:4], meta[4][:2], KEY)
+    with pytest.raises(InputError, match=r"^sfa must have at least \d+ elements \(room for any "
+                                         r"routing"):
+        OP(meta[0], meta[1], meta[2][:10], *meta[3:], KEY)
+    with pytest.raises(InputError, match=r"^sfb must have \d+ elements"):
+        OP(*meta[:3], meta[3][:, :100], meta[4], KEY)
+    with pytest.raises(InputError, match=r"^offs must be on a's device meta, but got a tensor "
+                                         r"on cpu$"):
+        OP(*meta[:4], torch.zeros(3, dtype=torch.int32), KEY)
     with pytest.raises(InputError, match=r"^offs must be a 1-D torch.int32 tensor, but got "
                                          r"torch.int64 of shape \(3,\)$"):
         OP(*meta[:4], meta[4].long(), KEY)
