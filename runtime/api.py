@@ -148,13 +148,15 @@ class _Signature:
     as that validated call, so it has the same shapes, kernel and plan, and it passes every
     check that does not read data pointers. Its pointers then select a cached pointer table,
     which exists only for a (plan, pointers) pair that passed the pointer checks (16-byte
-    alignment, output overlap) before: then nothing is left to check.
+    alignment, output overlap) before: then nothing is left to check but alpha, which the
+    table's key does not hold: `out_bytes` (the outputs' sizes, fixed by the guard) lets the
+    fast path check alpha's span against the outputs'.
     """
 
-    __slots__ = ("dp", "guard", "rt")
+    __slots__ = ("dp", "guard", "out_bytes", "rt")
 
-    def __init__(self, guard: Any, rt: Any, dp: Any) -> None:
-        self.guard, self.rt, self.dp = guard, rt, dp
+    def __init__(self, guard: Any, rt: Any, dp: Any, out_bytes: tuple[int, ...] = ()) -> None:
+        self.guard, self.rt, self.dp, self.out_bytes = guard, rt, dp, out_bytes
 
 
 class GroupedGemm:
@@ -266,8 +268,16 @@ class GroupedGemm:
             guarded = (*tensors, alpha)
         for sig in sigs:
             if sig.guard.check(*guarded):
-                return sig.rt.launch_cached(sig.dp, tuple(map(_DATA_PTR, tensors)),
-                                            0 if alpha is None else alpha.data_ptr())
+                ptrs = tuple(map(_DATA_PTR, tensors))
+                if alpha is None:
+                    return sig.rt.launch_cached(sig.dp, ptrs, 0)
+                # alpha inside an output: the full path refuses it, naming both.
+                pal = alpha.data_ptr()
+                end = pal + 4 * count
+                for p, size in zip(ptrs[4 * count:], sig.out_bytes):
+                    if p < end and pal < p + size:
+                        return False
+                return sig.rt.launch_cached(sig.dp, ptrs, pal)
         return False
 
     def scaled_grouped_mm(self, a: torch.Tensor, b: torch.Tensor, sfa: torch.Tensor,
@@ -394,8 +404,10 @@ class GroupedGemm:
         sigs = self._signatures.get(key, ())
         if any(s.guard.check(*tensors) for s in sigs):
             return  # known signature; this call only brought new pointers
+        count = dp.plan.num_groups
         sig = _Signature(guard_type(*tensors, dynamic_dims_sizes=None, dynamic_dims_strides=None),
-                         rt, dp)
+                         rt, dp, tuple(c.numel() * c.element_size()
+                                       for c in tensors[4 * count:5 * count]))
         with self._lock:
             sigs = self._signatures.get(key, ())
             self._signatures[key] = (sig, *sigs)[:SIGNATURES_PER_COUNT]

@@ -140,6 +140,31 @@ def test_alpha_address_reaches_every_launch_path(alpha_setup) -> None:
     assert rt.events[-1] == ("launch", ptrs, False)
 
 
+def test_an_alpha_inside_an_output_is_refused_on_the_full_and_the_fast_path(
+        alpha_setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    gg, rt = alpha_setup
+    import types
+
+    def plan(e, shapes):  # a plan seen twice: its calls are remembered for the fast path
+        return types.SimpleNamespace(plan=types.SimpleNamespace(entry=e, num_groups=len(shapes)),
+                                     uses=2)
+
+    monkeypatch.setattr(rt, "plan", plan)
+    a, b, sfa, sfb, out = call_args()
+    alpha = torch.tensor([0.5, 2.0])
+    ptrs = pointers(a, b, sfa, sfb, out)
+    gg.grouped_gemm(a, b, sfa, sfb, out, alpha=alpha)
+    gg.grouped_gemm(a, b, sfa, sfb, out, alpha=alpha)
+    assert rt.events[-1] == ("cached", ptrs, alpha.data_ptr())  # the fast path
+    inside = out[1].view(-1)[:4].view(torch.float32)  # alpha's 8 bytes in out[1]
+    count = len(rt.events)
+    for _ in range(2):  # the fast path declines (the guard passes), the full path names it
+        with pytest.raises(InputError, match=r"^out\[1\] must not overlap any other argument, "
+                                             r"but it overlaps alpha$"):
+            gg.grouped_gemm(a, b, sfa, sfb, out, alpha=inside)
+    assert len(rt.events) == count
+
+
 def test_out_dtype_picks_the_kernel_and_allocates_its_type(alpha_setup) -> None:
     gg, rt = alpha_setup
     a, b, sfa, sfb, _ = call_args()
