@@ -11,7 +11,7 @@ from typing import Any
 
 from cutlass import Int32, Uint32
 from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm, nvvm
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
@@ -161,12 +161,6 @@ def st_global_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = No
                  ip: Any = None) -> None:
     """16-byte global store."""
     _st_words("st.global", _i64(addr, loc, ip), "l", (w0, w1, w2, w3), loc, ip)
-
-
-@dsl_user_op
-def elect_sync(*, loc: Any = None, ip: Any = None) -> Any:
-    """An i1 that is true in exactly one active lane of the warp."""
-    return nvvm.elect_sync(loc=loc, ip=ip)
 
 
 @dsl_user_op
