@@ -227,6 +227,9 @@ def compile_list(items: list[BuildItem]) -> list[BuildItem]:
     return list(first.values())
 
 
+MAX_SHARDS = 4096  # more shards than a spec has kernels are empty; merge needs all n of them
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """'i/n' -> (i, n), 0-based: shard i of n."""
     try:
@@ -236,6 +239,9 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ValueError(f"--shard must be i/n (e.g. 0/4), but got {text!r}") from None
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"--shard i/n must have 0 <= i < n (i is 0-based), but got {text!r}")
+    if n > MAX_SHARDS:
+        raise ValueError(f"--shard i/n must have n <= {MAX_SHARDS} (merge takes every shard of "
+                         f"n), but got {text!r}")
     return i, n
 
 

@@ -132,10 +132,16 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
     """The fast loader, with the same duplicate-key check."""
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
 def _construct_mapping(loader: Any, node: yaml.MappingNode) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
+    # The keys as written, before construct_mapping flattens `<<: *anchor` merges in: a key
+    # that overrides a merged one is YAML's merge, not a duplicate.
     seen: dict[Any, yaml.Mark] = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue
         key = loader.construct_object(key_node, deep=True)
         try:
             first = seen.get(key)
@@ -152,7 +158,33 @@ for _cls in (_PyLoader, _Loader):
     _cls.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+# A shapes.yaml nests about 5 levels deep; libyaml's composer recurses per level and crashes the
+# process (a segfault, not an exception) around 100,000.
+MAX_DEPTH = 64
+
+
+def _check_depth(text: str, source: str) -> None:
+    """SpecError for collections nested deeper than MAX_DEPTH, found from the parser's event
+    stream (iterative) before anything composes the document. Malformed YAML is left to the
+    loader, whose messages say more."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_Loader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    mark = event.start_mark
+                    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+                    raise SpecError(f"{source}: {where}collections nest deeper than {MAX_DEPTH} "
+                                    f"levels (a shapes.yaml needs about 5)")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+    except yaml.YAMLError:
+        return
+
+
 def read_yaml(text: str, source: str) -> Any:
+    _check_depth(text, source)
     try:
         try:
             return yaml.load(text, Loader=_Loader)
@@ -169,6 +201,8 @@ def read_yaml(text: str, source: str) -> Any:
         raise SpecError(f"{source}: {where}: {what}") from exc
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: malformed YAML: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # e.g. an int of more than 4300 digits
+        raise SpecError(f"{source}: a value cannot be read: {exc}") from exc
 
 
 def load_spec(path: str | Path, families: Families) -> ShapeSpec:
@@ -427,10 +461,7 @@ class _Checker:
         if not dynamic:
             raise self.fail(f"{path}.max_m", f"max_m is only allowed with `m: {DYNAMIC}` (this "
                                              f"set's groups fix m), but got {_got(s['max_m'])}")
-        max_m = self.integer(s["max_m"], f"{path}.max_m", "max_m")
-        if max_m <= 0:
-            raise self.fail(f"{path}.max_m", f"max_m must be > 0, but got {max_m}")
-        return dynamic, max_m
+        return dynamic, self.size(s["max_m"], f"{path}.max_m", "max_m")
 
     def max_m_fits(self, max_m: int | None, groups: tuple[tuple[int, ...], ...],
                    path: str) -> None:
@@ -594,7 +625,10 @@ def parse_spec(data: Any, source: str, families: Families) -> ShapeSpec:
         if "experts" in s:
             own_opts = _serving_options(c.families, archs, own_opts)
         else:
-            for arch, opts in {**d_opts, **own_opts}.items():
+            # Merged per arch, as resolve() merges them: a set's own options for an arch
+            # replace none of the defaults' keys it does not name.
+            for arch in {*d_opts, *own_opts}:
+                opts = {**d_opts.get(arch, {}), **own_opts.get(arch, {})}
                 if opts.get("device_offsets") and (arch is None or arch in archs):
                     raise c.fail(_options_where(path, arch, own_opts, d_opts),
                                  "device_offsets is only for expert sets (experts, n, k: the "

@@ -146,6 +146,9 @@ def test_key_covers_config_and_sources_but_not_the_set_name_or_shapes(fake: Fake
     ("2/2", "--shard i/n must have 0 <= i < n (i is 0-based), but got '2/2'"),
     ("0/0", "--shard i/n must have 0 <= i < n (i is 0-based), but got '0/0'"),
     ("-1/2", "--shard i/n must have 0 <= i < n (i is 0-based), but got '-1/2'"),
+    # merge would then ask for every one of n shards (it ran out of memory at 10^20)
+    ("0/100000000000000000000", "--shard i/n must have n <= 4096 (merge takes every shard of "
+                                "n), but got '0/100000000000000000000'"),
 ])
 def test_parse_shard_rejects(text: str, message: str) -> None:
     with pytest.raises(ValueError) as info:

@@ -64,6 +64,16 @@ def test_expert_sets_build_device_offsets_kernels_and_only_they_may() -> None:
                         "{sm_90a: {device_offsets: true}}}\n", "shapes.yaml", fams)
     assert "sets[lists].options.sm_90a: device_offsets is only for expert sets (experts, n, k" \
         in str(info.value)
+    # Inherited from defaults while the set gives options of its own for the same arch: the
+    # merged options still hold it (they were merged per set, not per arch, and passed).
+    inherited = ("schema_version: 1\ndefaults: {archs: [sm_90a], options: {sm_90a: "
+                 "{device_offsets: true}}}\nsets:\n  - {name: lists, groups: [[128, 256, 512]], "
+                 "options: {sm_90a: {tile_m: 64}}}\n")
+    with pytest.raises(SpecError) as info:
+        parse_spec_text(inherited, "shapes.yaml", fams)
+    assert str(info.value).startswith(
+        "shapes.yaml: sets[lists].options.sm_90a (with device_offsets from "
+        "defaults.options.sm_90a): device_offsets is only for expert sets")
 
 
 def test_device_offsets_needs_the_barrier_kernel() -> None:

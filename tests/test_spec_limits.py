@@ -91,3 +91,36 @@ def test_an_option_inherited_from_defaults_is_named_with_its_defaults_key(
         "shapes.yaml: sets[big].options.sm_90a (with patch_ahead, tile_n from "
         "defaults.options.sm_90a): the sm90 config for acc stage 1 is invalid: tile_m 256 needs "
         "tile_n 128 (two consumer warpgroups hold its accumulator), but got tile_n 192")
+
+
+# ------------------------------------------------------------------ what the parser cannot read
+
+
+def test_deep_nesting_is_a_spec_error_not_a_crash(fams: Families) -> None:
+    # 100,000 levels crashed the process inside libyaml's composer (a segfault); 2,000 raised
+    # a RecursionError traceback.
+    for depth in (65, 2_000, 100_000):
+        text = "schema_version: 1\nsets: " + "[" * depth + "]" * depth + "\n"
+        assert _error(text, fams) == ("shapes.yaml: line 2, column 70: collections nest deeper "
+                                      "than 64 levels (a shapes.yaml needs about 5)")
+
+
+def test_values_python_cannot_read_are_spec_errors(fams: Families) -> None:
+    msg = _error(HEAD + f"  - name: big\n    groups: [[64, 256, {'9' * 5000}]]\n", fams)
+    assert msg.startswith("shapes.yaml: a value cannot be read: Exceeds the limit (4300 digits)")
+    # max_m is a table value like the others (its message once formatted max_m * n).
+    msg = _error(HEAD + f"  - name: big\n    m: dynamic\n    max_m: {'9' * 4000}\n"
+                        "    groups: [[256, 256]]\n", fams)
+    assert msg.startswith("shapes.yaml: sets[big].max_m: max_m must be < 2^31 (the runtime's "
+                          "problem-size table holds int32), but got 9999")
+
+
+def test_a_yaml_merge_key_override_is_not_a_duplicate(fams: Families) -> None:
+    text = HEAD + ("  - &base {name: dense_a, groups: [[64, 256, 256]], options: {sm_90a: "
+                   "{tile_n: 192, a_slots: 5}}}\n  - <<: *base\n    name: dense_b\n")
+    a, b = parse_spec_text(text, "shapes.yaml", fams).sets
+    assert (a.name, b.name) == ("dense_a", "dense_b")
+    assert b.groups == a.groups and b.builds == a.builds
+    # A key written twice by hand is still one.
+    assert _error(HEAD + "  - {name: x, groups: [[64, 256, 256]], name: y}\n", fams) == (
+        "shapes.yaml: line 5, column 41: duplicate key 'name' (first written on line 5)")
