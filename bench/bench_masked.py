@@ -12,7 +12,7 @@ and torch._scaled_grouped_mm fp8 row-wise on the valid rows packed back to back 
 without a masked kernel would run, packing not timed). Floors: the fp4 bytes of the experts with
 tokens (weights + scales, A and C of the valid rows) at the run's copy rate through the SMs,
 and the bf16-MMA FLOPs of the valid rows. Checked: our valid rows equal torch._grouped_mm's bit
-for bit (EXACT_DATA values). Not yet run on a GPU (written 2026-12-04).
+for bit (EXACT_DATA values). Results: bench/RESULTS.md, "Masked layout" (H200, 2026-12-04).
 """
 
 from __future__ import annotations

@@ -515,7 +515,9 @@ class DeviceRuntime:
         runs, and with `owner` the current stream owns it through record_stream: the caching
         allocator reuses it, once dropped, only after the current stream's work. (The
         placeholder, never read by a kernel and never freed, needs no owner.) Rare: the first
-        call per stream and each regrow. NOT YET RUN ON A GPU (2026-12-04)."""
+        call per stream and each regrow. Run on the H200 since 2026-12-04: every GPU run
+        allocates through it, and serving_extras' reduce-overhead compile works
+        (bench/RESULTS.md)."""
         box: list[Any] = []
 
         def allocate() -> None:
