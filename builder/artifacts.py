@@ -119,7 +119,7 @@ def _salvage(directory: Path, why: ManifestError) -> Existing:
         if not isinstance(raw, list) or not isinstance(raw_sets, list):
             raise TypeError("kernels or sets is not a list")
         first = parse_manifest({**head, "kernels": [], "sets": []}, str(directory))
-    except (OSError, ValueError, KeyError, TypeError, ManifestError):
+    except (OSError, ValueError, RecursionError, KeyError, TypeError, ManifestError):
         return Existing(None, None, (note,))
     names = set()
     for e in raw_sets:

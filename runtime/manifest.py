@@ -672,6 +672,14 @@ def load_manifest(artifact_dir: str | Path) -> Manifest:
         obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError:
+        # Arrays or objects nested some thousand deep: json recurses per level.
+        raise ManifestError(f"{path} is not a manifest: its JSON nests arrays or objects too "
+                            "deeply to read (a manifest nests a few levels)") from None
+    except ValueError as exc:
+        # An integer literal longer than sys.get_int_max_str_digits(): not the advice to
+        # raise the limit that Python's own message ends with.
+        raise ManifestError(f"{path} is not a manifest: {str(exc).split('; use ')[0]}") from None
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return parse_manifest(obj, str(path))

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,38 @@ def test_a_cubins_directory_symlinked_out_is_refused(art: Path, tmp_path: Path) 
     assert len([p for p in verify_dir(art) if "must be inside" in p]) == 1  # one kernel serves the three sets
     with pytest.raises(ArtifactError, match="a symlink out of it"):
         ArtifactStore(art).read_cubin(e.replace())
+
+
+# ------------------------------------------------------------------ case 7: JSON Python can't read
+
+# Valid JSON that json.loads still refuses: it recursed once per level (RecursionError) and
+# refuses integer literals past sys.get_int_max_str_digits() (ValueError). Both escaped load,
+# verify, list, merge and the next build as tracebacks.
+UNREADABLE = [
+    ("[" * 100_000, "its JSON nests arrays or objects too deeply to read (a manifest nests a "
+                    "few levels)"),
+    ('{"schema_version": ' + "9" * 5000 + "}",
+     f"Exceeds the limit ({sys.get_int_max_str_digits()} digits) for integer string "
+     "conversion: value has 5000 digits"),
+]
+
+
+@pytest.mark.parametrize("text,problem", UNREADABLE, ids=["nested", "long_int"])
+def test_a_manifest_json_cannot_parse_is_a_manifest_error_everywhere(
+        fake: Fake, art: Path, tmp_path: Path, text: str, problem: str) -> None:
+    path = art / MANIFEST_NAME
+    path.write_text(text)
+    message = f"{path} is not a manifest: {problem}"
+    with pytest.raises(ManifestError) as info:
+        runtime.load(art)
+    assert str(info.value) == message
+    assert verify_dir(art) == [message]
+    r = cli(fake, "list", str(art))
+    assert (r.returncode, r.stderr) == (1, f"error: {message}\n")
+    r = cli(fake, "merge", str(tmp_path / "merged"), str(art))
+    assert (r.returncode, r.stderr) == (1, f"error: cannot merge {art}: {message}\n")
+    assert not (tmp_path / "merged").exists()
+    report = run(fake, art, SPEC)  # the next build replaces it
+    assert f"the existing manifest cannot be reused ({message}); rebuilding everything" \
+        in report.notes
+    assert verify_dir(art) == []
