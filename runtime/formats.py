@@ -10,6 +10,7 @@ module TENSORMAP_BYTES was defined four times and the blocked-scale size formula
 - NVFP4 blocked scales: one e4m3 scale per SF_VEC elements of K, stored in 128-row x 4-column
   atoms (`blocked_scale_numel`).
 - MN_LIMIT: the kernels index C with 32-bit offsets, so every group needs m * n < 2^31.
+- MAX_GROUPS: groups per set, the spec's limit and the manifest reader's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ TENSORMAP_BYTES = 128
 
 INT32_LIMIT = 2**31  # problem_sizes and cta_prefix cells are int32
 MN_LIMIT = 2**31  # m * n per group: C is indexed with 32-bit offsets
+
+# Groups one set may have (shapes.yaml `groups`, or E of `experts: E`): the spec refuses more
+# and the manifest reader too, so a tampered `experts` cannot make load build a huge row tuple.
+MAX_GROUPS = 1024
 
 SF_VEC = 16  # elements of K per e4m3 scale
 SCALE_ROWS = 128  # rows of one blocked-scale atom

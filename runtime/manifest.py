@@ -21,11 +21,12 @@ selects among `sets` and launches the entry's kernel.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
-from .formats import TABLE_DTYPES
+from .formats import MAX_GROUPS, TABLE_DTYPES
 from .records import Record, asdict, fields
 
 # 2: kernels content-addressed, sets point at them (issue 25). 3: an expert set's E equal
@@ -75,6 +76,8 @@ _DYNAMIC_FORM = ('{"groups": [[n, k], ...], "max_m": int or null} or '
                  '{"experts": E, "group": [n, k], "max_m": int or null}')
 TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B",
               "16U4_ALIGN16B")
+# The `.entry` name in the cubin (ASCII: verify and the build search the ELF for its bytes).
+_SYMBOL_RE = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 TMA_SWIZZLES = ("NONE", "32B", "64B", "128B")
 TMA_L2_PROMOTIONS = ("NONE", "64B", "128B", "256B")
 TMA_OOB_FILLS = ("NONE", "NAN_REQUEST_ZERO_FMA")
@@ -525,6 +528,9 @@ def _parse_serves(r: _Reader) -> Serves:
         experts = d.get("experts", int)
         if experts < 1:
             raise ManifestError(f"{d.path}.experts must be a positive int, but got {experts}")
+        if experts > MAX_GROUPS:  # the spec's limit; load builds the E rows
+            raise ManifestError(f"{d.path}.experts must be at most {MAX_GROUPS} (the groups a "
+                                f"set may have), but got {experts}")
         row = d.ints("group", 2)
         return Serves(groups=(row,) * experts, dynamic_m=True, max_m=max_m)
     return Serves(groups=_rows(d, "groups", 2), dynamic_m=True, max_m=max_m)
@@ -566,8 +572,14 @@ def _parse_kernel(r: _Reader) -> Kernel:
     )
     if len(k.sha256) != 64:
         raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {k.sha256!r}")
+    if not k.cubin.isprintable():  # NUL made every path operation raise ValueError
+        raise ManifestError(f"{r.path}.cubin must be a path of printable characters (no NUL or "
+                            f"other control characters), but got {k.cubin!r}")
     if Path(k.cubin).is_absolute() or ".." in Path(k.cubin).parts:
         raise ManifestError(f"{r.path}.cubin must be a relative path inside the artifact directory")
+    if not _SYMBOL_RE.fullmatch(k.symbol):  # verify and the build look for it encoded in ELF
+        raise ManifestError(f"{r.path}.symbol must be a PTX identifier ([A-Za-z_$][A-Za-z0-9_$]*"
+                            f"), but got {k.symbol!r}")
     return k
 
 

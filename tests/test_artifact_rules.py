@@ -236,3 +236,42 @@ def test_a_manifest_json_cannot_parse_is_a_manifest_error_everywhere(
     assert f"the existing manifest cannot be reused ({message}); rebuilding everything" \
         in report.notes
     assert verify_dir(art) == []
+
+
+# ------------------------------------------------------------------ case 8: fields that crashed
+
+# (field, tampered value, the error after "<manifest>.sets[1]" or "<manifest>.kernels[0]"):
+# load built 10**12 rows (MemoryError), a NUL in a path raised ValueError in verify and the
+# build, a lone surrogate in the symbol UnicodeEncodeError where they look for it in the cubin.
+TAMPERED = [
+    ("serves", {"dynamic_m": {"experts": 10**12, "group": [1024, 512], "max_m": None}},
+     ".serves.dynamic_m.experts must be at most 1024 (the groups a set may have), but got "
+     "1000000000000"),
+    ("cubin", "cubins/a\0b", ".cubin must be a path of printable characters (no NUL or other "
+     "control characters), but got 'cubins/a\\x00b'"),
+    ("cubin", "cubins/a\nb.cubin", ".cubin must be a path of printable characters (no NUL or "
+     "other control characters), but got 'cubins/a\\nb.cubin'"),
+    ("symbol", "\udcff", ".symbol must be a PTX identifier ([A-Za-z_$][A-Za-z0-9_$]*), but got "
+     "'\\udcff'"),
+    ("symbol", "fake gemm", ".symbol must be a PTX identifier ([A-Za-z_$][A-Za-z0-9_$]*), but "
+     "got 'fake gemm'"),
+]
+
+
+@pytest.mark.parametrize("field,value,problem", TAMPERED,
+                         ids=["experts", "cubin_nul", "cubin_newline", "symbol_surrogate",
+                              "symbol_space"])
+def test_a_tampered_field_is_named_by_load_verify_list_and_the_next_build(
+        fake: Fake, art: Path, field: str, value: Any, problem: str) -> None:
+    _edit(art, DENSE, **{field: value})
+    at = "sets[1]" if field in SET_FIELDS else "kernels[0]"  # dense; the one shared kernel
+    message = f"{art / MANIFEST_NAME}.{at}{problem}"
+    with pytest.raises(ManifestError) as info:
+        runtime.load(art)
+    assert str(info.value) == message
+    assert verify_dir(art) == [message]
+    r = cli(fake, "list", str(art))
+    assert (r.returncode, r.stderr) == (1, f"error: {message}\n")
+    report = run(fake, art, SPEC)
+    assert any(problem in n for n in report.notes), report.notes
+    assert verify_dir(art) == []

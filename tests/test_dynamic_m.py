@@ -230,6 +230,9 @@ _CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
      f"[4096, 7168], 'groups': [[4096, 7168], [7168, 2048]], 'max_m': None}}"),
     ({"dynamic_m": {"experts": 0, "group": [4096, 7168], "max_m": None}},
      "m.sets[0].serves.dynamic_m.experts must be a positive int, but got 0"),
+    ({"dynamic_m": {"experts": 1025, "group": [4096, 7168], "max_m": None}},
+     "m.sets[0].serves.dynamic_m.experts must be at most 1024 (the groups a set may have), but "
+     "got 1025"),
     ({"dynamic_m": {"experts": True, "group": [4096, 7168], "max_m": None}},
      "m.sets[0].serves.dynamic_m.experts must be int, but got bool"),
     ({"dynamic_m": {"experts": 4, "group": [4096, 7168, 1], "max_m": None}},
