@@ -10,7 +10,8 @@ module TENSORMAP_BYTES was defined four times and the blocked-scale size formula
 - NVFP4 blocked scales: one e4m3 scale per SF_VEC elements of K, stored in 128-row x 4-column
   atoms (`blocked_scale_numel`).
 - MN_LIMIT: the kernels index C with 32-bit offsets, so every group needs m * n < 2^31.
-- MAX_GROUPS: groups per set, the spec's limit and the manifest reader's.
+- MAX_GROUPS: groups per set, the spec's limit and the manifest reader's; MAX_SHARDS: N of a
+  `--shard I/N` build.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ MN_LIMIT = 2**31  # m * n per group: C is indexed with 32-bit offsets
 # Groups one set may have (shapes.yaml `groups`, or E of `experts: E`): the spec refuses more
 # and the manifest reader too, so a tampered `experts` cannot make load build a huge row tuple.
 MAX_GROUPS = 1024
+# N of a `--shard I/N` build, as the manifest records it ([I, N]) and merge reads it: merge
+# needs every one of the N shards, so a larger N is a tampered or mistyped one.
+MAX_SHARDS = 4096
 
 SF_VEC = 16  # elements of K per e4m3 scale
 SCALE_ROWS = 128  # rows of one blocked-scale atom

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ManifestError
-from .formats import MAX_GROUPS, TABLE_DTYPES
+from .formats import MAX_GROUPS, MAX_SHARDS, TABLE_DTYPES
 from .records import Record, asdict, fields
 
 # 2: kernels content-addressed, sets point at them (issue 25). 3: an expert set's E equal
@@ -655,9 +655,10 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
     for e in sets:
         check_entry(e)
     shard = r.ints("shard", 2) if r.obj.get("shard") is not None else None
-    if shard is not None and not 0 <= shard[0] < shard[1]:
-        raise ManifestError(f"{source}.shard must be [i, n] with 0 <= i < n, but got "
-                            f"{list(shard)}")
+    if shard is not None and not 0 <= shard[0] < shard[1] <= MAX_SHARDS:
+        # merge looks for all n shards: an n of 10**20 made it build range(n).
+        raise ManifestError(f"{source}.shard must be [i, n] with 0 <= i < n <= {MAX_SHARDS}, "
+                            f"but got {list(shard)}")
     return Manifest(
         schema_version=version,
         builder_version=r.get("builder_version", str),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -24,7 +25,8 @@ from builder.families import load_families
 from builder.plan import shard
 from builder.selection import Selection, SelectionError, spec_fingerprint
 from builder.verify import verify_dir
-from runtime.manifest import load_manifest
+from runtime.errors import ManifestError
+from runtime.manifest import MANIFEST_NAME, load_manifest
 
 
 @pytest.fixture
@@ -176,6 +178,28 @@ def test_merge_refuses_a_missing_shard(fake: Fake, tmp_path: Path) -> None:
     merged = merge(tmp_path / "m", [tmp_path / f"s{i}" for i in range(3)])
     assert (merged.shard, len(merged.sets), len(merged.kernels)) == (None, 9, 4)
     assert verify_dir(tmp_path / "m") == []
+
+
+@pytest.mark.parametrize("count", [10**20, 4097])
+def test_merge_refuses_a_recorded_shard_count_past_the_limit(fake: Fake, tmp_path: Path,
+                                                             count: int) -> None:
+    """A manifest's shard [i, n] with a huge n made merge build set(range(n)) (MemoryError
+    for 10**20); the manifest reader caps n at the CLI's --shard limit, 4096."""
+    items = plan(fake)
+    build(shard(items, 0, 2), tmp_path / "s0", load_families(fake.module),
+          selection=Selection(spec_fingerprint(items), (0, 2)))
+    path = tmp_path / "s0" / MANIFEST_NAME
+    obj = json.loads(path.read_text())
+    obj["shard"] = [0, count]
+    path.write_text(json.dumps(obj))
+    message = f"{path}.shard must be [i, n] with 0 <= i < n <= 4096, but got [0, {count}]"
+    with pytest.raises(ManifestError) as info:
+        load_manifest(tmp_path / "s0")
+    assert str(info.value) == message
+    with pytest.raises(BuildError) as info:
+        merge(tmp_path / "m", [tmp_path / "s0"])
+    assert str(info.value) == f"cannot merge {tmp_path / 's0'}: {message}"
+    assert not (tmp_path / "m").exists()
 
 
 # ------------------------------------------------------------------ case 7: the lock
