@@ -22,6 +22,9 @@ MAX_BLOCK = (1024, 1024, 64)  # per-dimension limits of a CUDA block
 MAX_THREADS = 1024
 MAX_CLUSTER = 16  # non-portable cluster size limit (8 portable)
 TABLE_ALIGN = 128  # header_bytes keeps the per-CTA slots on this boundary (runtime/plan.py)
+# Bound on each tensormap workspace byte count: the runtime allocates header + grid x
+# bytes_per_cta + A elements x bytes_per_a_element (real kernels: a few KiB, 2 per element).
+MAX_WORKSPACE_FIELD = 2**40
 
 
 def _positive(value: Any) -> bool:
@@ -103,18 +106,26 @@ def check_kernel(k: Kernel) -> None:
 
 def _check_tables(k: Kernel, fail: Any) -> None:
     t = k.tables
+    # The runtime packs a row in any recorded column order (runtime/plan.py size_index,
+    # runtime/device.py _row_index), but every column the kernels index must be there, once:
+    # a missing one packed rows of the wrong width.
     for name, allowed in (("problem_sizes", PROBLEM_COLUMNS), ("pointers", POINTER_COLUMNS)):
         cols = getattr(t, name).columns
-        if not cols or len(set(cols)) != len(cols) or any(c not in allowed for c in cols):
-            raise fail(f"tables.{name}.columns", f"distinct names from {list(allowed)}",
+        if sorted(cols) != sorted(allowed):
+            raise fail(f"tables.{name}.columns", f"{list(allowed)} in some order, each once",
                        list(cols))
-    if t.pointers.dtype != "int64":
-        raise fail("tables.pointers.dtype", "'int64' (it holds device addresses)",
-                   t.pointers.dtype)
+    for name, dtype, why in (("problem_sizes", "int32", "the kernels read int32 sizes"),
+                             ("cta_prefix", "int32", "the kernels read int32 tile counts"),
+                             ("pointers", "int64", "it holds device addresses")):
+        if getattr(t, name).dtype != dtype:
+            raise fail(f"tables.{name}.dtype", f"{dtype!r} ({why})", getattr(t, name).dtype)
     ws = t.tensormap_workspace
     for name in ("bytes_per_cta", "header_bytes", "bytes_per_a_element"):
         if getattr(ws, name) < 0:
             raise fail(f"tables.tensormap_workspace.{name}", "a non-negative int",
+                       getattr(ws, name))
+        if getattr(ws, name) >= MAX_WORKSPACE_FIELD:
+            raise fail(f"tables.tensormap_workspace.{name}", "below 2^40 (1 TiB)",
                        getattr(ws, name))
     if ws.header_bytes % TABLE_ALIGN:
         raise fail("tables.tensormap_workspace.header_bytes", f"a multiple of {TABLE_ALIGN}",

@@ -72,8 +72,10 @@ def kernel_record_name(family: str, arch: str, acc_stages: int, out_dtype: str, 
     return f"{family}.{arch}.acc{acc_stages}.{OUT_DTYPE_SHORT[out_dtype]}.{key[:12]}"
 
 
-_DYNAMIC_FORM = ('{"groups": [[n, k], ...], "max_m": int or null} or '
-                 '{"experts": E, "group": [n, k], "max_m": int or null}')
+_DYNAMIC_GROUPS_FORM = '{"groups": [[n, k], ...], "max_m": int or null}'
+_DYNAMIC_EXPERTS_FORM = '{"experts": E, "group": [n, k], "max_m": int or null}'
+_DYNAMIC_FORM = f"{_DYNAMIC_GROUPS_FORM} or {_DYNAMIC_EXPERTS_FORM}"
+_SERVES_FORM = '{"groups": [[m, n, k], ...]} or {"dynamic_m": {...}}'
 TMA_DTYPES = ("UINT8", "UINT16", "UINT32", "INT32", "UINT64", "FLOAT16", "16U4_ALIGN8B",
               "16U4_ALIGN16B")
 # The `.entry` name in the cubin (ASCII: verify and the build search the ELF for its bytes).
@@ -510,17 +512,31 @@ def _rows(r: _Reader, key: str, width: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in groups)
 
 
+def _unknown_keys(r: _Reader, allowed: tuple[str, ...], form: str) -> None:
+    """ManifestError for a key the schema does not have: a misspelled optional one (`maxm`
+    for max_m) was ignored, dropping what it meant."""
+    extra = sorted(set(r.obj) - set(allowed))
+    if extra:
+        raise ManifestError(f"{r.path} has unknown key(s) {extra}: it must be an object {form}")
+
+
 def _parse_serves(r: _Reader) -> Serves:
     if "dynamic_m" not in r.obj:
+        _unknown_keys(r, ("groups",), _SERVES_FORM)
         return Serves(groups=_rows(r, "groups", 3))
     if "groups" in r.obj:
         raise ManifestError(f"{r.path} must have either groups (exact shapes) or dynamic_m, "
                             "not both")
+    _unknown_keys(r, ("dynamic_m",), _SERVES_FORM)
     dyn = r.obj["dynamic_m"]
     if not isinstance(dyn, dict) or ("groups" in dyn) == ("experts" in dyn):
         raise ManifestError(f"{r.path}.dynamic_m must be an object {_DYNAMIC_FORM}, "
                             f"but got {dyn!r}")
     d = _Reader(dyn, f"{r.path}.dynamic_m")
+    if "experts" in dyn:
+        _unknown_keys(d, ("experts", "group", "max_m"), _DYNAMIC_EXPERTS_FORM)
+    else:
+        _unknown_keys(d, ("groups", "max_m"), _DYNAMIC_GROUPS_FORM)
     max_m = dyn.get("max_m")
     if max_m is not None and (isinstance(max_m, bool) or not isinstance(max_m, int)):
         raise ManifestError(f"{d.path}.max_m must be a positive int or null, but got {max_m!r}")

@@ -46,6 +46,10 @@ sets:
     groups: [[1024, 512]]
 """
 DENSE = "dense.sm_90a.acc1.f16"
+TABLES = {"problem_sizes": {"dtype": "int32", "columns": ["m", "n", "k", "l"]},
+          "pointers": {"dtype": "int64", "columns": ["a", "b", "sfa", "sfb", "c"]},
+          "cta_prefix": {"dtype": "int32"},
+          "tensormap_workspace": {"bytes_per_cta": 512, "align": 128}}  # tests/fakefam.py's
 
 # (field, corrupt value, what the error names): each parses as JSON types but cannot launch.
 CORRUPT = [
@@ -54,6 +58,28 @@ CORRUPT = [
     ("tile", {"m": 0, "n": 128, "k": 256}, "tile.m must be a positive int"),
     ("serves", {"groups": [[192, 3072]]}, "serves.groups[0] must be a list of 3 ints"),
     ("serves", {"groups": [[192, 3072, 2**31]]}, "serves.groups[0] must be m, n, k"),
+    # Table layouts the kernels cannot read (runtime/formats.py): load and verify took them.
+    ("tables", {**TABLES, "problem_sizes": {"dtype": "int64", "columns": list("mnkl")}},
+     "tables.problem_sizes.dtype must be 'int32' (the kernels read int32 sizes), but got "
+     "'int64'"),
+    ("tables", {**TABLES, "cta_prefix": {"dtype": "int64"}},
+     "tables.cta_prefix.dtype must be 'int32' (the kernels read int32 tile counts), but got "
+     "'int64'"),
+    ("tables", {**TABLES, "problem_sizes": {"dtype": "int32", "columns": ["n", "k", "l"]}},
+     "tables.problem_sizes.columns must be ['m', 'n', 'k', 'l'] in some order, each once, but "
+     "got ['n', 'k', 'l']"),
+    ("tables", {**TABLES, "pointers": {"dtype": "int64", "columns": ["a"]}},
+     "tables.pointers.columns must be ['a', 'b', 'sfa', 'sfb', 'c'] in some order, each once, "
+     "but got ['a']"),
+    ("tables", {**TABLES, "pointers": {"dtype": "int64",
+                                       "columns": ["a", "b", "sfa", "sfb", "c", "c"]}},
+     "tables.pointers.columns must be ['a', 'b', 'sfa', 'sfb', 'c'] in some order, each once, "
+     "but got ['a', 'b', 'sfa', 'sfb', 'c', 'c']"),
+    ("tables", {**TABLES, "tensormap_workspace": {"bytes_per_cta": 2**62, "align": 128}},
+     f"tables.tensormap_workspace.bytes_per_cta must be below 2^40 (1 TiB), but got {2**62}"),
+    ("serves", {"dynamic_m": {"groups": [[3072, 4096]], "max_m": None, "maxm": 64}},
+     "serves.dynamic_m has unknown key(s) ['maxm']: it must be an object "
+     '{"groups": [[n, k], ...], "max_m": int or null}'),
 ]
 SET_FIELDS = ("serves",)
 

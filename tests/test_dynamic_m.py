@@ -241,6 +241,19 @@ _CHECKED = "kernel 'bad.sm_90a.acc1.f16': serves.dynamic_m"
      "m.sets[0].serves.dynamic_m.group[1] must be int, but got float"),
     ({"dynamic_m": {"experts": 4, "max_m": None}},
      "m.sets[0].serves.dynamic_m.group is missing"),
+    # A key the schema does not have: a misspelled max_m was ignored, dropping the bound.
+    ({"dynamic_m": {"groups": NK, "maxm": 64}},
+     "m.sets[0].serves.dynamic_m has unknown key(s) ['maxm']: it must be an object "
+     '{"groups": [[n, k], ...], "max_m": int or null}'),
+    ({"dynamic_m": {"experts": 4, "group": [4096, 7168], "max_m": None, "max_M": 64}},
+     "m.sets[0].serves.dynamic_m has unknown key(s) ['max_M']: it must be an object "
+     '{"experts": E, "group": [n, k], "max_m": int or null}'),
+    ({"dynamic_m": {"experts": 4, "group": [4096, 7168], "max_m": None}, "max_m": 64},
+     "m.sets[0].serves has unknown key(s) ['max_m']: it must be an object "
+     '{"groups": [[m, n, k], ...]} or {"dynamic_m": {...}}'),
+    ({"groups": [[1, 4096, 7168]], "dynamic": True},
+     "m.sets[0].serves has unknown key(s) ['dynamic']: it must be an object "
+     '{"groups": [[m, n, k], ...]} or {"dynamic_m": {...}}'),
     ({"dynamic_m": {"experts": 4, "group": [4096, -1], "max_m": None}},
      f"{_CHECKED}.groups[0] must have n, k > 0, but got [4096, -1]"),
 ])
@@ -849,6 +862,9 @@ _REBUILD = "; rebuild the artifacts with `python build_kernels.py build --force`
 @pytest.mark.parametrize("key, value, why", [
     ("header_bytes", 100, "must be a multiple of 128, but got 100" + _REBUILD),
     ("header_bytes", -128, "must be a non-negative int, but got -128" + _REBUILD),
+    ("bytes_per_cta", 2**62, f"must be below 2^40 (1 TiB), but got {2**62}" + _REBUILD),
+    ("header_bytes", 2**40, f"must be below 2^40 (1 TiB), but got {2**40}" + _REBUILD),
+    ("bytes_per_a_element", 2**40, f"must be below 2^40 (1 TiB), but got {2**40}" + _REBUILD),
     ("bytes_per_a_element", True, "must be int, but got bool"),
 ])
 def test_manifest_rejects_bad_workspace_record(key, value, why) -> None:
