@@ -63,11 +63,13 @@ PROJECT = "nvfp4-grouped-gemm"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DIST_PREFIX = "nvfp4-artifacts-"
 MODULE_PREFIX = "nvfp4_artifacts_"
-_NAME_RE = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*$")
+# Both matched with fullmatch: `$` also matches before a trailing newline ('1.0.0\n').
+_NAME_RE = re.compile(r"[a-z0-9]+(_[a-z0-9]+)*")
 # PEP 440 public versions (plus an optional local label), the forms pip accepts unchanged.
-_VERSION_RE = re.compile(r"^\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?"
-                         r"(\+[a-z0-9]+(\.[a-z0-9]+)*)?$")
+_VERSION_RE = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?"
+                         r"(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
 _EPOCH_1980 = 315532800  # the earliest time a zip entry can carry
+_EPOCH_2107 = 4354819199  # the latest: 2107-12-31 23:59:59 UTC (7 bits of years from 1980)
 
 
 class PackageError(BuilderError):
@@ -92,7 +94,7 @@ class PackageResult:
 def normalize_name(name: str) -> str:
     """'My-Set.v2' -> 'my_set_v2'; the entry point name and the module suffix."""
     norm = re.sub(r"[-_.]+", "_", name.strip().lower())
-    if not _NAME_RE.match(norm):
+    if not _NAME_RE.fullmatch(norm):
         raise PackageUsageError(
             f"--name must be letters, digits, '-', '_' or '.', starting and ending with a letter "
             f"or digit (e.g. moe_llama), but got {name!r}")
@@ -100,7 +102,7 @@ def normalize_name(name: str) -> str:
 
 
 def check_version(version: str) -> str:
-    if not _VERSION_RE.match(version):
+    if not _VERSION_RE.fullmatch(version):
         raise PackageUsageError(
             f"--version must be a PEP 440 version such as 1.0.0, 2.1rc1 or 0.1.0+cu13, but got "
             f"{version!r}")
@@ -120,9 +122,24 @@ def project_version() -> str:
         return "0+unknown"
 
 
+def source_date_epoch() -> int:
+    """The wheel's timestamp: SOURCE_DATE_EPOCH (seconds since 1970, raised to 1980, the first
+    a zip entry can carry), 1980 when unset; PackageUsageError unless it is a whole number a
+    zip entry can carry (int() took ' 1_0 ' and raised ValueError on 'abc'; past 2107
+    zipfile raised struct.error)."""
+    text = os.environ.get("SOURCE_DATE_EPOCH")
+    if text is None:
+        return _EPOCH_1980
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > _EPOCH_2107:
+        raise PackageUsageError(
+            f"SOURCE_DATE_EPOCH must be a whole number of seconds since 1970 from 0 to "
+            f"{_EPOCH_2107} (2107-12-31 23:59:59 UTC, the last time a zip entry can carry), "
+            f"but got {text!r}")
+    return max(int(text), _EPOCH_1980)
+
+
 def _zip_time() -> tuple[int, int, int, int, int, int]:
-    epoch = max(int(os.environ.get("SOURCE_DATE_EPOCH", _EPOCH_1980)), _EPOCH_1980)
-    return time.gmtime(epoch)[:6]
+    return time.gmtime(source_date_epoch())[:6]
 
 
 def _record_hash(data: bytes) -> str:
@@ -259,6 +276,7 @@ def build_wheel(artifact_dir: str | Path, out_dir: str | Path, *, name: str = "d
     directory = Path(artifact_dir)
     name = normalize_name(name)
     version = check_version(version or project_version())
+    source_date_epoch()  # a bad SOURCE_DATE_EPOCH is refused before anything is read
     bad = [a for a in archs if a not in ARCHS]
     if bad:
         raise PackageUsageError(f"--arch must be one of {list(ARCHS)}, but got {bad}")

@@ -179,10 +179,51 @@ def test_refuses_a_directory_that_does_not_verify(art: Path, tmp_path: Path) -> 
     ({"name": "-x"}, "--name must be letters"),
     ({"version": "v1"}, "--version must be a PEP 440 version"),
     ({"version": "1.0-beta"}, "--version must be a PEP 440 version"),
+    # `$` matched before a trailing newline: the wheel was named '...-1.0.0\n-py3-none-any.whl'.
+    ({"version": "1.0.0\n"}, "--version must be a PEP 440 version such as 1.0.0, 2.1rc1 or "
+                             "0.1.0+cu13, but got '1.0.0\\n'"),
 ])
 def test_rejects_bad_names_and_versions(art: Path, tmp_path: Path, kw, message) -> None:
-    with pytest.raises(PackageUsageError, match=message):
+    with pytest.raises(PackageUsageError, match=re.escape(message)):
         build_wheel(art, tmp_path / "dist", **kw)
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "99999999999", "4354819200", "-1", "", " 1700000000",
+                                   "1_700_000_000", "9" * 5000],
+                         ids=["letters", "year_5138", "past_2107", "negative", "empty", "space",
+                              "underscores", "5000_digits"])
+def test_rejects_a_source_date_epoch_a_zip_cannot_carry(art: Path, tmp_path: Path, monkeypatch,
+                                                         value: str) -> None:
+    """'abc' raised ValueError and past 2107 zipfile raised struct.error, both as tracebacks."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    with pytest.raises(PackageUsageError) as info:
+        build_wheel(art, tmp_path / "dist", name="x", version="1.0")
+    assert str(info.value) == (
+        "SOURCE_DATE_EPOCH must be a whole number of seconds since 1970 from 0 to 4354819199 "
+        f"(2107-12-31 23:59:59 UTC, the last time a zip entry can carry), but got {value!r}")
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("value,stamp", [("0", (1980, 1, 1, 0, 0, 0)),
+                                         ("4354819199", (2107, 12, 31, 23, 59, 58))])
+def test_source_date_epoch_at_the_ends_of_the_zip_range(art: Path, tmp_path: Path, monkeypatch,
+                                                        value: str, stamp: tuple) -> None:
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", value)
+    wheel = build_wheel(art, tmp_path / "dist", name="x", version="1.0").wheel
+    with zipfile.ZipFile(wheel) as zf:
+        assert {i.date_time for i in zf.infolist()} == {stamp}  # zip keeps even seconds
+
+
+def test_cli_reports_a_bad_source_date_epoch_as_a_usage_error(art: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "abc"}
+    r = subprocess.run([sys.executable, str(REPO / "build_kernels.py"), "package", str(art),
+                        "--out", str(tmp_path / "dist")], env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert (r.returncode, r.stderr) == (2, (
+        "error: SOURCE_DATE_EPOCH must be a whole number of seconds since 1970 from 0 to "
+        "4354819199 (2107-12-31 23:59:59 UTC, the last time a zip entry can carry), but got "
+        "'abc'\n"))
 
 
 # --------------------------------------------------------------------------------------------
