@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kernels.families import OWN_KEYS
+from runtime.formats import MAX_SHARDS  # merge needs all n shards; the manifest reader's bound
 from runtime.manifest import Serves, kernel_name, kernel_record_name
 
 from .families import DEFAULT_MODULE, Families, load_families
@@ -225,9 +226,6 @@ def compile_list(items: list[BuildItem]) -> list[BuildItem]:
     for it in sorted(items, key=lambda it: it.name):
         first.setdefault(it.key, it)
     return list(first.values())
-
-
-MAX_SHARDS = 4096  # more shards than a spec has kernels are empty; merge needs all n of them
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -90,10 +90,13 @@ def check_shards(loaded: Sequence[tuple[Path, Manifest]]) -> tuple[str, None]:
         raise BuildError(f"shards must split the spec one way (one N in --shard I/N), but {seen}")
     if counts:
         (n,) = counts
-        missing = sorted(set(range(n)) - {i for _, (i, _) in shards})
-        if missing:
-            raise BuildError(f"shards must be all {n} of --shard I/{n}, but "
-                             f"{', '.join(f'{i}/{n}' for i in missing)} "
+        have = {i for _, (i, _) in shards}
+        if len(have) < n:
+            # The first few missing, found from the shards present (n is at most MAX_SHARDS).
+            missing = [i for i in range(n) if i not in have]
+            shown = ", ".join(f"{i}/{n}" for i in missing[:8])
+            more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            raise BuildError(f"shards must be all {n} of --shard I/{n}, but {shown}{more} "
                              f"{'is' if len(missing) == 1 else 'are'} missing; pass every shard "
                              "directory")
     return prints.pop() if prints else "", None

@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from runtime.formats import MAX_GROUPS  # the manifest reader's bound too
 from runtime.manifest import OUT_DTYPES
 
 from .errors import SpecError
@@ -72,7 +73,6 @@ MAX_SET_NAME = 128
 # past them is a generated mistake, and parsing and planning it would take minutes.
 MAX_SPEC_BYTES = 1 << 20
 MAX_SETS = 1024
-MAX_GROUPS = 1024
 
 
 @dataclass(frozen=True)

@@ -230,3 +230,17 @@ def test_a_negative_lock_timeout_is_an_argument_error(
     err = _no_traceback(cli(fake, *args, "--lock-timeout", value), 2)
     assert f"--lock-timeout must be a number of seconds >= 0, but got {value}" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "m").exists()
+
+
+def test_merge_names_the_first_missing_shards_only() -> None:
+    from types import SimpleNamespace
+
+    from builder.selection import check_shards
+
+    loaded = [(Path("s0"), SimpleNamespace(spec_fingerprint="f", shard=(0, 4096))),
+              (Path("s5"), SimpleNamespace(spec_fingerprint="f", shard=(5, 4096)))]
+    with pytest.raises(BuildError) as info:
+        check_shards(loaded)
+    assert str(info.value) == (
+        "shards must be all 4096 of --shard I/4096, but 1/4096, 2/4096, 3/4096, 4/4096, 6/4096, "
+        "7/4096, 8/4096, 9/4096 and 4086 more are missing; pass every shard directory")
