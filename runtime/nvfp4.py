@@ -225,6 +225,11 @@ def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor
     s = as_uint8(scales, "scales")
     if s.dim() != 2 or s.shape[1] == 0:
         raise InputError(f"scales must be 2-D (T, K // 16), but got shape {tuple(s.shape)}")
+    if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"offs must be an int32 or int64 torch.Tensor, but got "
+                         f"{offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__}")
+    if offs.device != s.device:
+        raise InputError(f"offs must be on scales' device {s.device}, but got {offs.device}")
     if offs.dim() != 1 or offs.numel() == 0:
         raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
     t, cols = s.shape
@@ -299,12 +304,16 @@ def quantize_nvfp4(
     dequantization multiplies back (the kernel's alpha): x ~= e2m1 * scale * global_scale.
     A block whose scale rounds to 0 (all zeros, or tiny) gets scale 0 and codes 0, never NaN.
     Inputs already on the grid with amax = 6 * an e4m3 value per block round-trip exactly.
-    Arithmetic is in float64 on x's device so the rounding decisions are exact.
+    Arithmetic is in float64 on x's device, so the e2m1 rounding decisions are exact; the e4m3
+    scale goes through torch's cast, via float32, which may round a quotient within 2^-24
+    (relative) of an e4m3 midpoint the other way.
     """
+    if not isinstance(x, torch.Tensor):
+        raise InputError(f"x must be a torch.Tensor, but got {type(x).__name__}")
     if x.dim() != 2:
         raise InputError(f"x must be 2-D (rows, K), but got shape {tuple(x.shape)}")
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise InputError(f"x must be float32, float16 or bfloat16, but got {x.dtype}")
+        raise InputError(f"x must be float32, float16, bfloat16 or float64, but got {x.dtype}")
     rows, k = x.shape
     _check_k(k)
     if global_scale is not None and not (math.isfinite(global_scale) and global_scale > 0):
@@ -367,6 +376,8 @@ def global_scale_for(x: torch.Tensor, max_block_scale: float = E4M3_MAX) -> floa
     gs = float(torch.tensor(amax / (E2M1_MAX * max_block_scale), dtype=torch.float32))
     if not gs > 0.0:  # amax so small that the quotient underflows fp32
         raise InputError(f"x's amax {amax!r} is too small for an fp32 global scale")
+    if not math.isfinite(gs):  # or so large that it overflows (a float64 x)
+        raise InputError(f"x's amax {amax!r} is too large for an fp32 global scale")
     return gs
 
 
@@ -534,6 +545,13 @@ def _modelopt_weight(
     if weight_scale.device != weight.device:
         raise InputError(f"{sname} must be on {wname}'s device {weight.device}, "
                          f"but got {weight_scale.device}")
+    # e4m3fn's only non-finite codes are NaN (S.1111.111): a corrupt checkpoint would give NaN
+    # outputs with no error. One host read, at import time.
+    nan = (weight_scale.view(torch.uint8) & 0x7F) == 0x7F
+    if weight_scale.device.type != "meta" and bool(nan.any()):  # meta tensors hold no values
+        first = tuple(int(i) for i in nan.nonzero()[0])
+        raise InputError(f"{sname} must be finite e4m3 block scales, but {sname}{list(first)} "
+                         f"is NaN ({int(nan.sum())} NaN scales in all)")
     return as_uint8(weight).contiguous(), to_blocked(weight_scale), (n, k)
 
 

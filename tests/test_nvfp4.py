@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from runtime import nvfp4
+from runtime.errors import InputError
 from runtime.nvfp4 import (
     E2M1_VALUES,
     SF_VEC,
@@ -450,6 +451,16 @@ def test_global_scale_extends_the_range_beyond_e4m3(dtype, big, small):
                   for d in (d0, d1))
         assert e0 > 0.5, (mag, e0)
         assert e1 < 0.15, (mag, e1)
+
+
+def test_global_scale_for_an_amax_past_fp32_is_named():
+    x = torch.full((1, 16), 1e300, dtype=torch.float64)
+    with pytest.raises(InputError) as info:  # was inf, refused later as "global_scale ... inf"
+        global_scale_for(x)
+    assert str(info.value) == "x's amax 1e+300 is too large for an fp32 global scale"
+    with pytest.raises(InputError) as info:
+        quantize_nvfp4([[1.0] * 16])
+    assert str(info.value) == "x must be a torch.Tensor, but got list"
 
 
 def test_quantize_grouped_alpha_and_reference():

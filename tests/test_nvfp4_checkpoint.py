@@ -273,6 +273,12 @@ def test_from_modelopt_errors():
         from_modelopt(w, s.T, ws2, ins)
     with exact("weight_scale must be on weight's device cpu, but got meta"):
         from_modelopt(w, s.to("meta"), ws2, ins)
+    corrupt = s.clone()
+    corrupt.view(torch.uint8)[3, 1] = 0x7F  # e4m3fn NaN (0xFF too): NaN outputs, silently
+    corrupt.view(torch.uint8)[5, 0] = 0xFF
+    with exact("weight_scale must be finite e4m3 block scales, but weight_scale[3, 1] is NaN "
+               "(2 NaN scales in all)"):
+        from_modelopt(w, corrupt, ws2, ins)
     with exact("weight_scale_2 must be a scalar (one element), but got shape (2,)"):
         from_modelopt(w, s, torch.tensor([0.01, 0.01]), ins)
     with exact("input_scale must be a scalar (one element), but got shape (1, 2)"):

@@ -330,6 +330,26 @@ def test_to_blocked_grouped_clamps_bad_offsets() -> None:
     assert torch.equal(bad, fixed)
 
 
+@pytest.mark.parametrize("offs,message", [
+    ([10, 64], "offs must be an int32 or int64 torch.Tensor, but got list"),
+    ("float", "offs must be an int32 or int64 torch.Tensor, but got torch.float32"),
+    ("meta", "offs must be on scales' device cpu, but got meta"),
+])
+def test_to_blocked_grouped_names_a_bad_offs(offs, message) -> None:
+    import torch
+
+    from runtime.errors import InputError
+    from runtime.nvfp4 import to_blocked_grouped
+
+    if offs == "float":
+        offs = torch.tensor([10.7, 64.2])  # was truncated silently
+    elif offs == "meta":
+        offs = torch.tensor([10, 64], device="meta")
+    with pytest.raises(InputError) as info:
+        to_blocked_grouped(torch.ones(64, 32, dtype=torch.uint8), offs)
+    assert str(info.value) == message
+
+
 def test_long_lived_buffers_are_allocated_off_the_calling_thread(dev, monkeypatch) -> None:  # noqa: F811
     """torch.compile's reduce-overhead warm-up routes every allocation of the calling thread to
     its graph pool (torch/_inductor/cudagraph_trees.py): a stream's workspace, kept across
