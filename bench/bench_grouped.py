@@ -99,11 +99,14 @@ def time_interleaved(variants: list[list[torch.cuda.CUDAGraph]], reps: int) -> l
             # CPU's ~10 us per replay would otherwise time the CPU (measured: a one-element
             # torch kernel "took" 9 us, docs/lab_notebook.md 2026-11-30).
             torch.cuda._sleep(HOLD_CYCLES_PER_REPLAY * HOLD_BLOCK * len(variants))
-        # Each variant leads in turn, so none always takes the first replay after a hold.
+        # Each variant leads in turn, so none always takes the first replay after a hold. Every
+        # replay takes the next input set of the rotation (replay r reads set r), so no
+        # variant reads the set the replay before it has just pulled into L2 (when all read
+        # set i, the second variant's weights were L2-warm wherever a set fits in L2).
         for j in range(len(variants)):
             graphs, marks = variants[(i + j) % len(variants)], events[(i + j) % len(variants)]
             marks[i][0].record()
-            graphs[i % len(graphs)].replay()
+            graphs[(i * len(variants) + j) % len(graphs)].replay()
             marks[i][1].record()
     torch.cuda.synchronize()
     return [statistics.median(s.elapsed_time(e) for s, e in marks) * 1e3 for marks in events]

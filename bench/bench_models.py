@@ -175,6 +175,27 @@ def weight_sets(weight_bytes: int) -> int:
     return min(16, max(1, math.ceil(3 * L2_BYTES / weight_bytes)))
 
 
+def hit_weight_bytes(counts: list[int], layer: Layer) -> int:
+    """Packed weights and blocked scales of the experts with tokens: what a call reads, so what
+    the rotation must keep out of L2 (all E experts' bytes overstate it at a few tokens)."""
+    return sum(1 for c in counts if c) * (layer.n * layer.k // 2
+                                          + blocked_scale_numel(layer.n, layer.k))
+
+
+# Device memory the weight copies of one layer may take: each copy holds fp4, bf16 and fp8
+# weights (3.6 bytes per weight; a DeepSeek-V3 E = 256 copy is 27 GB).
+WEIGHT_BUDGET = 60 * 2**30
+
+
+def layer_weight_copies(layer: Layer, case_counts: list[list[int]]) -> int:
+    """Weight copies for a layer's cases: enough that the experts with tokens of every case
+    rotate through more than 3x L2 (weight_sets of the fewest hit bytes), within
+    WEIGHT_BUDGET. A case the budget leaves short is flagged in its row (weights_l2_cold)."""
+    want = max(weight_sets(max(1, hit_weight_bytes(c, layer))) for c in case_counts)
+    per_copy = layer.experts * layer.n * layer.k * 7 // 2  # 0.5 fp4 + 2 bf16 + 1 fp8
+    return max(1, min(want, WEIGHT_BUDGET // per_copy))
+
+
 def input_sets(weight_bytes: int, act_bytes: int) -> int:
     """Input sets in the rotation (set i uses weight copy i % weight_sets): >= 4, >= the weight
     copies, > 3x L2 in activations alone, at most 16."""
@@ -302,13 +323,17 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
     arch = gg.device_runtime().arch
     rows, n, k = case.rows, layer.n, layer.k
     counts = route(case.tokens, layer.experts, case.topk, seed)
-    n_sets = input_sets(layer_weight_bytes(layer), rows * (k // 2 + k // 16))
+    n_sets = input_sets(hit_weight_bytes(counts, layer), rows * (k // 2 + k // 16))
     inputs = [make_inputs(layer, counts, seed * 100 + i) for i in range(n_sets)]
     w_of = [wsets[i % len(wsets)] for i in range(n_sets)]
     offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
     row: dict[str, Any] = {
         **asdict(case.layer), "tokens": case.tokens, "topk": case.topk, "rows": rows,
         "input_sets": n_sets, "weight_sets": len(wsets), "experts_hit": sum(map(bool, counts)),
+        # The rotation's weights of the experts with tokens exceed 3x L2: every replay reads
+        # them from DRAM (False: some come from L2, and ours and the baselines' differ there).
+        "weights_l2_cold": hit_weight_bytes(counts, layer) * min(len(wsets), n_sets)
+        >= 3 * L2_BYTES,
         "max_per_expert": max(counts), "counts": counts,
         "fp4_floor_us": fp4_bytes(counts, n, k, dtype.itemsize) / (gbs * 1e3),
         "mma_floor_us": mma_flops(counts, n, k) / (tflops * 1e6),
@@ -341,9 +366,8 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
             row["list_kernel"] = entry.name
     row.update(zip(variants, time_interleaved([g for g, _ in variants.values()], reps)))
     for key in [*variants][1:]:  # popped: their graphs and outputs freed before the baselines
-        row[key.replace("_us", "_same")] = same_as_last(*variants.pop(key), graphs[-1], outs[-1])
-    graphs[-1].replay()  # the last set's output, for the checks
-    ours = outs[-1]
+        row[key.replace("_us", "_same")] = same_as_ours(*variants.pop(key), graphs, outs)
+    ours = fresh_replay(graphs[-1], outs[-1])  # the last set's output, for the checks
     del graphs
     row["own_us"] = float("nan")
     if row["kernel"] != layer.entry:
@@ -361,7 +385,7 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
         graphs = [capture(lambda i=i, w=w, o=o: own(i, w, o))
                   for i, w, o in zip(inputs, w_of, own_outs)]
         row["own_us"] = time_graphs(graphs, reps)
-        graphs[-1].replay()
+        fresh_replay(graphs[-1], own_outs[-1])
         row["own_same"] = bool(torch.equal(own_outs[-1][:sum(counts)], ours[:sum(counts)]))
         del graphs, own_outs
     del outs
@@ -396,13 +420,20 @@ def capture_each(call: Any, inputs: list[dict], w_of: list, rows: int, n: int,
             for i, w, o in zip(inputs, w_of, outs)], outs
 
 
-def same_as_last(v_graphs: list, v_outs: list, graph: torch.cuda.CUDAGraph,
-                 out: torch.Tensor) -> bool:
-    """Whether a variant's last input set's output equals `out`, written by `graph` (the
-    kernels are exact: a correct variant's is bit-identical)."""
-    v_graphs[-1].replay()
+def fresh_replay(graph: torch.cuda.CUDAGraph, out: torch.Tensor) -> torch.Tensor:
+    """`out` written by `graph` alone: NaN first, since capture()'s eager warm-up call already
+    wrote the right values into it (a graph that wrote nothing would still pass)."""
+    out.fill_(float("nan"))
     graph.replay()
-    return bool(torch.equal(v_outs[-1], out))
+    return out
+
+
+def same_as_ours(v_graphs: list, v_outs: list, graphs: list, outs: list) -> bool:
+    """Whether a variant's outputs of the last two input sets equal ours, each freshly written
+    by its graph (the kernels are exact: a correct variant's is bit-identical)."""
+    return all(bool(torch.equal(fresh_replay(v_graphs[i], v_outs[i]),
+                                fresh_replay(graphs[i], outs[i])))
+               for i in range(max(-2, -len(graphs)), 0))
 
 
 def list_call(listed: Any, spans: list[tuple[int, int, int, int]]) -> Any:
@@ -432,7 +463,7 @@ def time_grouped_mm(inputs: list[dict], w_of: list, offs: torch.Tensor,
 
     graphs = [capture(lambda j=j: grouped(j)) for j in range(len(inputs))]
     us = time_graphs(graphs, reps)
-    graphs[-1].replay()
+    fresh_replay(graphs[-1], res[-1])  # NaN first: the output holds capture's warm-up values
     torch.cuda.synchronize()
     return us, res[-1]
 
@@ -486,8 +517,30 @@ def table(rows: list[dict]) -> str:
             cells += [fmt(r[key]), fmt(r[key] / o, 2)]
         for key in ("fp4_floor_us", "mma_floor_us"):  # floor, % = floor / ours
             cells += [fmt(r[key]), fmt(100 * r[key] / o, 0)]
-        lines.append("| " + " | ".join(map(str, [*cells, r["check"]])) + " |")
+        warm = "" if r.get("weights_l2_cold", True) else " (weights partly L2-warm)"
+        lines.append("| " + " | ".join(map(str, [*cells, r["check"] + warm])) + " |")
     return "\n".join(lines)
+
+
+# Issue 27's decode-sized cases: at most this many rows per expert on average (T * k / E).
+DECODE_ROWS_PER_EXPERT = 32
+
+
+def decode_summary(rows: list[dict]) -> str:
+    """Issue 27's done-when over this run's decode-sized cases: how many reach 70% of the
+    fp4-bytes floor, 2.5x torch._grouped_mm bf16, and beat fp8 row-wise (a case without an
+    fp8 time does not)."""
+    dec = [r for r in rows if r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]]
+    if not dec:
+        return "decode-sized cases (<= 32 rows per expert): none in this run"
+    floor = sum(100 * r["fp4_floor_us"] / r["ours_us"] >= 70 for r in dec)
+    bf16 = sum(r["grouped_mm_us"] / r["ours_us"] >= 2.5 for r in dec)
+    fp8 = sum(r["fp8_us"] > r["ours_us"] for r in dec)  # NaN compares False
+    warm = sum(not r.get("weights_l2_cold", True) for r in dec)
+    return (f"decode-sized cases (<= {DECODE_ROWS_PER_EXPERT} rows per expert): {len(dec)}; "
+            f">= 70% of the fp4-bytes floor: {floor}; >= 2.5x _grouped_mm: {bf16}; faster "
+            f"than fp8 row-wise: {fp8}" + (f"; {warm} with weights partly L2-warm" if warm
+                                            else ""))
 
 
 def list_summary(rows: list[dict]) -> str:
@@ -542,8 +595,10 @@ def main() -> int:
           flush=True)
     rows = []
     for layer, group in itertools.groupby(cases, key=lambda c: c.layer):
-        wsets = [Weights(layer, args.seed + j)
-                 for j in range(weight_sets(layer_weight_bytes(layer)))]
+        group = list(group)
+        copies = layer_weight_copies(
+            layer, [route(c.tokens, layer.experts, c.topk, args.seed) for c in group])
+        wsets = [Weights(layer, args.seed + j) for j in range(copies)]
         for case in group:
             torch.cuda.empty_cache()
             try:
@@ -567,6 +622,7 @@ def main() -> int:
     print(f"\n{torch.cuda.get_device_name()}, {arch}, {args.out_dtype} out, top-{args.topk}, "
           f"reps {args.reps}\n")
     print(table(done))
+    print(decode_summary(done))
     if listed is not None:
         print(list_summary(done))
     for r in rows:

@@ -62,6 +62,14 @@ def test_variants_alternate_and_keep_their_own_times(monkeypatch: pytest.MonkeyP
     assert clock.log == ["a0", "a1", "b0", hold, "a0", "b0", "b0", "a1", hold, "a0", "b0",
                          "b0", "a1", hold, "a0", "b0"]
     clock.log.clear()
+    # Two variants over the same two input sets: consecutive replays never read the same set
+    # (all variants replaying set i made the second one's weights L2-warm).
+    b2 = [FakeGraph(clock, "b0", 0.020), FakeGraph(clock, "b1", 0.020)]
+    bench_grouped.time_interleaved([a, b2], reps=4)
+    replays = [e for e in clock.log[4:] if not e.startswith("sleep")]
+    assert replays == ["a0", "b1", "b0", "a1", "a0", "b1", "b0", "a1"]
+    assert all(x[1] != y[1] for x, y in zip(replays, replays[1:]))
+    clock.log.clear()
     assert bench_grouped.time_graphs(a, reps=3) == pytest.approx(10.0)  # median of 10, 30, 10
     hold = f"sleep {bench_grouped.HOLD_CYCLES_PER_REPLAY * 2}"
     assert clock.log == ["a0", "a1", hold, "a0", "a1", hold, "a0"]

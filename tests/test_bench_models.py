@@ -267,3 +267,59 @@ def test_masked_bench_counts_and_table() -> None:
     head, rule, line = bmk.table([row]).splitlines()
     assert head.count("|") == rule.count("|") == line.count("|")
     assert line == "| s | 32 | 256 | 512 | 64 | 700 | 24 | 10.0 | 25.0 | 2.50 | n/a | n/a | 5.0 | 50 | exact |"
+
+
+def test_the_weight_rotation_is_sized_from_the_experts_with_tokens() -> None:
+    # Qwen3-30B-A3B gate-up at 1 token x 8: 8 experts hit, 13.5 MB of fp4 weights and scales.
+    # Sized from all 128 experts (216 MB) it was one copy, read whole from L2 every replay.
+    qwen = bm.Layer("q", "q", 128, 1536, 2048, None)
+    one_token = [1] * 8 + [0] * 120
+    per_expert = 1536 * 1024 + 1536 * 128
+    assert bm.hit_weight_bytes(one_token, qwen) == 8 * per_expert
+    assert bm.weight_sets(bm.layer_weight_bytes(qwen)) == 1
+    assert bm.layer_weight_copies(qwen, [one_token, [4] * 128]) == \
+        math.ceil(3 * L2 / (8 * per_expert)) == 12
+    # DeepSeek-V3 E = 256 gate-up copies are 26 GB with their bf16 and fp8 twins: the budget
+    # (60 GB) allows two, which 1 token x 8 (117 MB hit) needs.
+    dsv3 = bm.Layer("d", "d", 256, 4096, 7168, None)
+    assert bm.layer_weight_copies(dsv3, [[1] * 8 + [0] * 248]) == 2
+    assert bm.layer_weight_copies(dsv3, [[2] * 256]) == 1
+
+
+def test_the_checks_read_what_the_graph_wrote() -> None:
+    # capture()'s eager warm-up leaves the right values in every output: a graph that writes
+    # nothing passed same_as_ours before the outputs were set to NaN ahead of each replay.
+    import torch
+
+    class Graph:
+        def __init__(self, out: torch.Tensor | None, value: float) -> None:
+            self.out, self.value = out, value
+
+        def replay(self) -> None:
+            if self.out is not None:
+                self.out.fill_(self.value)
+
+    ours = [torch.full((2, 3), 5.0) for _ in range(3)]
+    graphs = [Graph(o, 5.0) for o in ours]
+    theirs = [torch.full((2, 3), 5.0) for _ in range(3)]  # the warm-up's values
+    assert bm.same_as_ours([Graph(t, 5.0) for t in theirs], theirs, graphs, ours)
+    assert not bm.same_as_ours([Graph(None, 5.0) for _ in theirs], theirs, graphs, ours)
+    assert not bm.same_as_ours([Graph(t, 5.0) for t in theirs[:2]] + [Graph(None, 5.0)],
+                               theirs, graphs, ours)
+    assert bm.fresh_replay(Graph(None, 0.0), torch.zeros(2)).isnan().all()
+
+
+def test_the_decode_summary_counts_issue_27s_marks_over_decode_sized_cases() -> None:
+    def row(rows, experts, ours, floor, grp, fp8, cold=True):
+        return {"rows": rows, "experts": experts, "ours_us": ours, "fp4_floor_us": floor,
+                "grouped_mm_us": grp, "fp8_us": fp8, "weights_l2_cold": cold}
+
+    rows = [row(4096, 128, 100.0, 80.0, 300.0, 150.0),  # 32 rows per expert: decode-sized
+            row(4097, 128, 100.0, 80.0, 300.0, 150.0),  # just past: prefill, not counted
+            row(64, 128, 100.0, 69.0, 249.0, 99.0, cold=False),
+            row(8, 8, 10.0, 7.0, 25.0, float("nan"))]  # no fp8 time: not faster
+    assert bm.decode_summary(rows) == (
+        "decode-sized cases (<= 32 rows per expert): 3; >= 70% of the fp4-bytes floor: 2; "
+        ">= 2.5x _grouped_mm: 2; faster than fp8 row-wise: 1; 1 with weights partly L2-warm")
+    assert bm.decode_summary(rows[1:2]) == ("decode-sized cases (<= 32 rows per expert): none "
+                                            "in this run")
