@@ -153,12 +153,16 @@ def route(tokens: int, experts: int, topk: int, seed: int, skew: float = 1.0) ->
     return counts
 
 
+def expert_weight_bytes(n: int, k: int) -> int:
+    """One expert's packed fp4 weights and blocked scales."""
+    return n * k // 2 + blocked_scale_numel(n, k)
+
+
 def fp4_bytes(counts: list[int], n: int, k: int, out_bytes: int = 2) -> int:
     """Bytes a call must move at least: each expert with tokens' packed weights and blocked
     scales, every row's packed A and scales, and C."""
     rows, hit = sum(counts), sum(1 for c in counts if c)
-    return hit * (n * k // 2 + blocked_scale_numel(n, k)) + rows * (k // 2 + k // 16) + \
-        rows * n * out_bytes
+    return hit * expert_weight_bytes(n, k) + rows * (k // 2 + k // 16) + rows * n * out_bytes
 
 
 def mma_flops(counts: list[int], n: int, k: int) -> int:
@@ -167,7 +171,7 @@ def mma_flops(counts: list[int], n: int, k: int) -> int:
 
 def layer_weight_bytes(layer: Layer) -> int:
     """Packed weights and blocked scales of all E experts."""
-    return layer.experts * (layer.n * layer.k // 2 + blocked_scale_numel(layer.n, layer.k))
+    return layer.experts * expert_weight_bytes(layer.n, layer.k)
 
 
 def weight_sets(weight_bytes: int) -> int:
@@ -178,8 +182,7 @@ def weight_sets(weight_bytes: int) -> int:
 def hit_weight_bytes(counts: list[int], layer: Layer) -> int:
     """Packed weights and blocked scales of the experts with tokens: what a call reads, so what
     the rotation must keep out of L2 (all E experts' bytes overstate it at a few tokens)."""
-    return sum(1 for c in counts if c) * (layer.n * layer.k // 2
-                                          + blocked_scale_numel(layer.n, layer.k))
+    return sum(1 for c in counts if c) * expert_weight_bytes(layer.n, layer.k)
 
 
 # Device memory the weight copies of one layer may take: each copy holds fp4, bf16 and fp8
@@ -323,7 +326,8 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
     arch = gg.device_runtime().arch
     rows, n, k = case.rows, layer.n, layer.k
     counts = route(case.tokens, layer.experts, case.topk, seed)
-    n_sets = input_sets(hit_weight_bytes(counts, layer), rows * (k // 2 + k // 16))
+    hit_bytes = hit_weight_bytes(counts, layer)
+    n_sets = input_sets(hit_bytes, rows * (k // 2 + k // 16))
     inputs = [make_inputs(layer, counts, seed * 100 + i) for i in range(n_sets)]
     w_of = [wsets[i % len(wsets)] for i in range(n_sets)]
     offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
@@ -332,8 +336,7 @@ def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float,
         "input_sets": n_sets, "weight_sets": len(wsets), "experts_hit": sum(map(bool, counts)),
         # The rotation's weights of the experts with tokens exceed 3x L2: every replay reads
         # them from DRAM (False: some come from L2, and ours and the baselines' differ there).
-        "weights_l2_cold": hit_weight_bytes(counts, layer) * min(len(wsets), n_sets)
-        >= 3 * L2_BYTES,
+        "weights_l2_cold": hit_bytes * min(len(wsets), n_sets) >= 3 * L2_BYTES,
         "max_per_expert": max(counts), "counts": counts,
         "fp4_floor_us": fp4_bytes(counts, n, k, dtype.itemsize) / (gbs * 1e3),
         "mma_floor_us": mma_flops(counts, n, k) / (tflops * 1e6),
@@ -532,7 +535,7 @@ def decode_summary(rows: list[dict]) -> str:
     fp8 time does not)."""
     dec = [r for r in rows if r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]]
     if not dec:
-        return "decode-sized cases (<= 32 rows per expert): none in this run"
+        return f"decode-sized cases (<= {DECODE_ROWS_PER_EXPERT} rows per expert): none in this run"
     floor = sum(100 * r["fp4_floor_us"] / r["ours_us"] >= 70 for r in dec)
     bf16 = sum(r["grouped_mm_us"] / r["ours_us"] >= 2.5 for r in dec)
     fp8 = sum(r["fp8_us"] > r["ours_us"] for r in dec)  # NaN compares False

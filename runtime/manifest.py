@@ -594,8 +594,8 @@ def _parse_kernel(r: _Reader) -> Kernel:
     if Path(k.cubin).is_absolute() or ".." in Path(k.cubin).parts:
         raise ManifestError(f"{r.path}.cubin must be a relative path inside the artifact directory")
     if not _SYMBOL_RE.fullmatch(k.symbol):  # verify and the build look for it encoded in ELF
-        raise ManifestError(f"{r.path}.symbol must be a PTX identifier ([A-Za-z_$][A-Za-z0-9_$]*"
-                            f"), but got {k.symbol!r}")
+        raise ManifestError(f"{r.path}.symbol must be a PTX identifier ({_SYMBOL_RE.pattern}), "
+                            f"but got {k.symbol!r}")
     return k
 
 

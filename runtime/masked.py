@@ -22,6 +22,7 @@ RESULTS.md, "Masked layout"); its host side is also tested on the CPU.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -43,13 +44,6 @@ from .validate import (
 )
 
 
-def _numel(shape: tuple) -> Any:
-    count = 1
-    for size in shape:
-        count = count * size
-    return count
-
-
 def check_masked_sizes(experts: Any, max_m: Any, half_k: Any, b_shape: tuple, masked_len: Any,
                        sfa_shape: tuple, sfb_shape: tuple, require: Any = must) -> None:
     """The size checks of a masked_grouped_mm call over sizes alone (ints, or the SymInts of
@@ -67,7 +61,7 @@ def check_masked_sizes(experts: Any, max_m: Any, half_k: Any, b_shape: tuple, ma
                                            f"count per expert), but got ({masked_len},)")
     for name, shape, rows in (("sfa", sfa_shape, max_m), ("sfb", sfb_shape, n)):
         want = experts * blocked_scale_numel(rows, k)
-        numel = _numel(shape)
+        numel = math.prod(shape)  # ints or SymInts
         require(numel == want, lambda name=name, want=want, numel=numel, shape=shape, rows=rows: (
             f"{name} must have {want} elements ((E, round_up({rows}, 128) * round_up(K/16, 4)) "
             f"blocked), but got {numel} (shape {tuple(shape)})"))

@@ -547,11 +547,12 @@ def _modelopt_weight(
                          f"but got {weight_scale.device}")
     # e4m3fn's only non-finite codes are NaN (S.1111.111): a corrupt checkpoint would give NaN
     # outputs with no error. One host read, at import time.
-    nan = (weight_scale.view(torch.uint8) & 0x7F) == 0x7F
-    if weight_scale.device.type != "meta" and bool(nan.any()):  # meta tensors hold no values
-        first = tuple(int(i) for i in nan.nonzero()[0])
-        raise InputError(f"{sname} must be finite e4m3 block scales, but {sname}{list(first)} "
-                         f"is NaN ({int(nan.sum())} NaN scales in all)")
+    if weight_scale.device.type != "meta":  # meta tensors hold no values
+        nan = (weight_scale.view(torch.uint8) & 0x7F) == 0x7F
+        if bool(nan.any()):
+            first = [int(i) for i in nan.nonzero()[0]]
+            raise InputError(f"{sname} must be finite e4m3 block scales, but {sname}{first} "
+                             f"is NaN ({int(nan.sum())} NaN scales in all)")
     return as_uint8(weight).contiguous(), to_blocked(weight_scale), (n, k)
 
 

@@ -37,6 +37,7 @@ through device tables computed from offs with a few dozen torch ops in the calle
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -136,9 +137,7 @@ def check_serving_sizes(t: Any, experts: Any, n: Any, half_k: Any, b_half_k: Any
         f"128 * E = {sfa_rows_needed(t, experts)} blocked rows x {cols} scale columns, "
         f"T = {t}, E = {experts}), but got {sfa_numel}"))
     want_b = experts * blocked_scale_numel(n, k)
-    sfb_numel = 1
-    for size in sfb_shape:
-        sfb_numel = sfb_numel * size
+    sfb_numel = math.prod(sfb_shape)  # ints or SymInts
     require(sfb_numel == want_b, lambda: (
         f"sfb must have {want_b} elements ((E, round_up(N, 128) * round_up(K/16, 4)) = "
         f"({experts}, {want_b // experts})), but got {sfb_numel} (shape {tuple(sfb_shape)})"))

@@ -243,18 +243,23 @@ UNREADABLE = [
 ]
 
 
-@pytest.mark.parametrize("text,problem", UNREADABLE, ids=["nested", "long_int"])
-def test_a_manifest_json_cannot_parse_is_a_manifest_error_everywhere(
-        fake: Fake, art: Path, tmp_path: Path, text: str, problem: str) -> None:
-    path = art / MANIFEST_NAME
-    path.write_text(text)
-    message = f"{path} is not a manifest: {problem}"
+def _refused_by_load_verify_and_list(fake: Fake, art: Path, message: str) -> None:
+    """runtime.load raises `message`, verify reports it alone, `list` prints it and exits 1."""
     with pytest.raises(ManifestError) as info:
         runtime.load(art)
     assert str(info.value) == message
     assert verify_dir(art) == [message]
     r = cli(fake, "list", str(art))
     assert (r.returncode, r.stderr) == (1, f"error: {message}\n")
+
+
+@pytest.mark.parametrize("text,problem", UNREADABLE, ids=["nested", "long_int"])
+def test_a_manifest_json_cannot_parse_is_a_manifest_error_everywhere(
+        fake: Fake, art: Path, tmp_path: Path, text: str, problem: str) -> None:
+    path = art / MANIFEST_NAME
+    path.write_text(text)
+    message = f"{path} is not a manifest: {problem}"
+    _refused_by_load_verify_and_list(fake, art, message)
     r = cli(fake, "merge", str(tmp_path / "merged"), str(art))
     assert (r.returncode, r.stderr) == (1, f"error: cannot merge {art}: {message}\n")
     assert not (tmp_path / "merged").exists()
@@ -292,12 +297,7 @@ def test_a_tampered_field_is_named_by_load_verify_list_and_the_next_build(
     _edit(art, DENSE, **{field: value})
     at = "sets[1]" if field in SET_FIELDS else "kernels[0]"  # dense; the one shared kernel
     message = f"{art / MANIFEST_NAME}.{at}{problem}"
-    with pytest.raises(ManifestError) as info:
-        runtime.load(art)
-    assert str(info.value) == message
-    assert verify_dir(art) == [message]
-    r = cli(fake, "list", str(art))
-    assert (r.returncode, r.stderr) == (1, f"error: {message}\n")
+    _refused_by_load_verify_and_list(fake, art, message)
     report = run(fake, art, SPEC)
     assert any(problem in n for n in report.notes), report.notes
     assert verify_dir(art) == []
