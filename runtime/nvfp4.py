@@ -135,6 +135,11 @@ def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
         )
     if codes.numel() and int(codes.max()) > 15:
         raise InputError(f"codes must be in 0..15, but got a maximum of {int(codes.max())}")
+    return _pack_codes(codes)
+
+
+def _pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """pack_fp4 without its checks (which read values on the host): codes known to be 0..15."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
@@ -321,15 +326,22 @@ def quantize_nvfp4(
     if x.numel() and not bool(torch.isfinite(x).all()):
         raise InputError("x must be finite, but it contains NaN or Inf")
     gs = 1.0 if global_scale is None else float(global_scale)
+    codes, scale = _quantize_codes(x, gs)
+    return _pack_codes(codes), scale
 
+
+def _quantize_codes(x: torch.Tensor, gs: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_nvfp4's arithmetic, reading no value on the host: (codes uint8 (rows, K), e4m3
+    scales (rows, K // 16)) of x (rows, K) for decode scale `gs`, a float or a float64 (rows, 1)
+    tensor (one per row; the same IEEE operations either way, so the same bits)."""
+    rows, k = x.shape
     blocks = x.to(torch.float64).reshape(rows, k // SF_VEC, SF_VEC)
     amax = blocks.abs().amax(dim=-1)
     scale = (amax / E2M1_MAX / gs).clamp(max=E4M3_MAX).to(_E4M3_DTYPE)
     denom = scale.to(torch.float64) * gs
     safe = denom > 0
     v = torch.where(safe[..., None], blocks / torch.where(safe, denom, 1.0)[..., None], 0.0)
-    codes = _round_to_e2m1_codes(v).reshape(rows, k)
-    return pack_fp4(codes), scale
+    return _round_to_e2m1_codes(v).reshape(rows, k), scale
 
 
 def dequantize_nvfp4(

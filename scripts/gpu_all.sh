@@ -50,6 +50,11 @@ for s in "${STEPS[@]}"; do
     masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
     masked_bench) step masked_bench 300 python bench/bench_masked.py --artifacts artifacts \
         --reps 50 --json "$LOG/masked.json" ;;
+    # Not yet run on a GPU (twenty-fourth session): the sync-free activation quantizers fed to
+    # both serving layouts in a graph, and what quantizing a step's tokens costs.
+    activations) step activations 120 python -m pytest -q -rs tests/test_activations_gpu.py ;;
+    activations_bench) step activations_bench 240 python bench/bench_activations.py --reps 30 \
+        --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
     # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first, or

@@ -1,0 +1,99 @@
+"""What quantizing a serving step's activations costs (runtime.activations.quantize_experts):
+bf16 tokens (T, K) grouped by expert -> NVFP4 a and scaled_grouped_mm's sfa, as an engine runs
+it before each expert GEMM, timed in CUDA graphs (rotated over 4 input sets, new routing each),
+beside its bytes floor (read x, write a and the scales, at the copy rate measured in the same
+run).
+
+    PYTHONPATH=. python bench/bench_activations.py [--tokens 8 64 512 4096] [--reps 50]
+        [--json F]
+
+The quantizer is torch operations (float64 rounding decisions): correct and sync-free, not a
+fast kernel. This measures how far from its floor it is, which says whether a kernel is owed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
+    sys.path.insert(0, str(p))
+
+from bench_grouped import capture, measure_ceilings, time_graphs
+
+from runtime.activations import quantize_experts
+from runtime.serving import sfa_rows_needed
+
+# (the GEMM the activations feed, experts, K, top-k): each model's two expert-GEMM inputs.
+LAYERS = (
+    ("qwen3_30b_gateup", 128, 2048, 8),
+    ("qwen3_30b_down", 128, 768, 8),
+    ("dsv3_gateup_e256", 256, 7168, 8),
+    ("dsv3_down_e256", 256, 2048, 8),
+)
+SETS = 4
+
+
+def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor:
+    """int32 end offsets of `tokens` tokens each routed to topk distinct experts."""
+    rng = random.Random(seed)
+    counts = [0] * experts
+    for _ in range(tokens):
+        for g in rng.sample(range(experts), topk):
+            counts[g] += 1
+    return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
+
+
+def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
+               copy_gbs: float) -> dict:
+    t = tokens * topk
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
+    sets = [((torch.randn(t, k, generator=gen, device="cuda") * 3).to(torch.bfloat16),
+             routed_offs(tokens, experts, topk, seed=i)) for i in range(SETS)]
+    graphs = [capture(lambda x=x, o=o: quantize_experts(x, o, scales)) for x, o in sets]
+    us = time_graphs(graphs, reps)
+    moved = t * k * 2 + t * k // 2 + sfa_rows_needed(t, experts) * (-(-k // 64) * 4)
+    floor_us = moved / copy_gbs / 1e3  # copy_gbs counts read + write bytes, as `moved` does
+    return {"layer": name, "experts": experts, "k": k, "tokens": tokens, "rows": t,
+            "us": round(us, 1), "floor_us": round(floor_us, 2),
+            "floor_pct": round(100 * floor_us / us, 1)}
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| input of | E | K | tokens x k | quantize us | bytes floor us | % floor |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['layer']} | {r['experts']} | {r['k']} | {r['tokens']} x "
+                     f"{r['rows'] // r['tokens']} | {r['us']} | {r['floor_us']} | "
+                     f"{r['floor_pct']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512, 4096])
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    _, copy_gbs = measure_ceilings()
+    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs)
+            for name, e, k, topk in LAYERS for tok in args.tokens]
+    print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"copy_gbs": copy_gbs, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

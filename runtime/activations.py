@@ -1,0 +1,150 @@
+"""NVFP4 quantization of MoE activations for the two serving layouts, reading no value on the
+host: no device sync, so it runs inside a captured CUDA graph whose routing changes every replay.
+
+    a, sfa = quantize_experts(x, offs, input_scale)  # for gg.scaled_grouped_mm(.., offs)
+    a, sfa = quantize_masked(x, input_scale)  # for gg.masked_grouped_mm(.., masked_m)
+
+`input_scale` holds the experts' DECODE scales (ModelOpt's `input_scale`, runtime/nvfp4.py's
+convention): rows of expert g are block-quantized as x / input_scale[g], so that
+x ~= input_scale[g] * dequant(a, sfa), and the GEMM's alpha[g] = input_scale[g] *
+weight_scale_2[g]. The arithmetic is `quantize_nvfp4`'s, bit for bit (float64 rounding
+decisions), applied with each row's own expert scale: the same codes and scales as
+`quantize_activation` on each expert's rows alone.
+
+What the host cannot check without a sync is not checked: input scales must be positive and
+finite. A block holding a NaN or an infinity gets a NaN block scale, so the rows it feeds come
+out NaN rather than silently saturated.
+
+These are torch operations (a few dozen small kernels, float64 temporaries in chunks of
+_CHUNK_ELEMENTS), a correct path for engines on Hopper, where no NVFP4 quantization kernel
+exists; they are not a fast kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import InputError
+from .formats import SF_VEC
+from .nvfp4 import _check_k, _pack_codes, _quantize_codes, to_blocked_grouped
+
+__all__ = ["quantize_experts", "quantize_masked"]
+
+_X_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Elements per quantization chunk: about 50 bytes of float64 and int64 temporaries each, so a
+# chunk peaks near 400 MiB whatever T is (a prefill call of 16,384 x 7,168 is 117 M elements).
+_CHUNK_ELEMENTS = 1 << 23
+
+
+def _check_x(x: Any, dims: int, shape_text: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise InputError(f"x must be a torch.Tensor, but got {type(x).__name__}")
+    if x.dtype not in _X_DTYPES:
+        raise InputError(f"x must be bfloat16, float16 or float32, but got {x.dtype}")
+    if x.dim() != dims:
+        raise InputError(f"x must be {dims}-D {shape_text}, but got shape {tuple(x.shape)}")
+    _check_k(x.shape[-1])
+    return x
+
+
+def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
+    """input_scale as a float64 (E,) tensor on `device`, checked without reading a device
+    value: a float32 (E,) tensor on x's device, or one positive finite Python float."""
+    if isinstance(input_scale, (int, float)) and not isinstance(input_scale, bool):
+        value = float(input_scale)
+        if not (value > 0 and value != float("inf")):
+            raise InputError(f"input_scale must be positive and finite, but got {value!r}")
+        return torch.full((experts,), value, dtype=torch.float64, device=device)
+    if not isinstance(input_scale, torch.Tensor):
+        raise InputError(f"input_scale must be a float32 torch.Tensor (E,) or a Python float, "
+                         f"but got {type(input_scale).__name__}")
+    if input_scale.dtype != torch.float32:
+        raise InputError(f"input_scale must be float32, but got {input_scale.dtype}")
+    if tuple(input_scale.shape) != (experts,):
+        raise InputError(f"input_scale must have shape (E,) = ({experts},), but got "
+                         f"{tuple(input_scale.shape)} (one scale for all: .expand({experts}))")
+    if input_scale.device != device:
+        raise InputError(f"input_scale must be on x's device {device}, but got "
+                         f"{input_scale.device}")
+    return input_scale.to(torch.float64)
+
+
+def _quantize_rows(x: torch.Tensor, row_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (rows, K) with a float64 decode scale per row (rows,) -> (packed uint8 (rows, K // 2),
+    uint8 plain scales (rows, K // 16)), in chunks of rows; non-finite blocks get NaN scales."""
+    rows, k = x.shape
+    packed = torch.empty((rows, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((rows, k // SF_VEC), dtype=torch.uint8, device=x.device)
+    step = max(1, _CHUNK_ELEMENTS // k)
+    for r in range(0, rows, step):
+        part = x[r:r + step]
+        codes, scale = _quantize_codes(part, row_scale[r:r + step, None])
+        finite = torch.isfinite(part.reshape(part.shape[0], -1, SF_VEC)).all(dim=-1)
+        scale = torch.where(finite, scale.view(torch.uint8), 0x7F)  # 0x7F: e4m3fn NaN
+        packed[r:r + step] = _pack_codes(codes)
+        scales[r:r + step] = scale
+    return packed, scales
+
+
+def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
+                     input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize activations x (T, K) whose rows are grouped by expert (expert g owns rows
+    offs[g-1] .. offs[g], int32 end offsets on x's device) for `gg.scaled_grouped_mm`:
+    returns (a uint8 (T, K // 2), sfa float8_e4m3fn 1-D blocked with each expert's rows padded
+    to 128, room for any routing: `to_blocked_grouped`'s layout).
+
+    Row g's decode scale is input_scale[g] (float32 (E,) on x's device, or one Python float).
+    Rows past offs[-1] belong to no expert: their codes are 0 and their scales are dropped, as
+    the kernel ignores them. offs is clamped and made non-decreasing, as the kernels do.
+    """
+    x = _check_x(x, 2, "(T, K)")
+    if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"offs must be an int32 or int64 torch.Tensor, but got "
+                         f"{offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__}")
+    if offs.dim() != 1 or offs.numel() == 0:
+        raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
+    if offs.device != x.device:
+        raise InputError(f"offs must be on x's device {x.device}, but got {offs.device}")
+    experts = offs.numel()
+    scales_e = _decode_scales(input_scale, experts, x.device)
+    t = x.shape[0]
+    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+    expert = torch.searchsorted(ends, torch.arange(t, device=x.device), right=True)
+    owned = expert < experts  # rows past offs[-1] have expert == E
+    row_scale = torch.where(owned, scales_e[expert.clamp(max=experts - 1)], 1.0)
+    packed, plain = _quantize_rows(x, row_scale)
+    packed = torch.where(owned[:, None], packed, 0)
+    return packed, to_blocked_grouped(plain.view(torch.float8_e4m3fn), offs)
+
+
+def quantize_masked(x: torch.Tensor,
+                    input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize activations x (E, max_m, K) in the masked layout for `gg.masked_grouped_mm`:
+    returns (a uint8 (E, max_m, K // 2), sfa float8_e4m3fn (E, round_up(max_m, 128) *
+    round_up(K / 16, 4)), each expert's scales in the blocked layout). Expert e's rows use
+    decode scale input_scale[e] (float32 (E,) on x's device, or one Python float). Every row
+    is quantized: which ones are valid (masked_m) is only known on the device."""
+    x = _check_x(x, 3, "(E, max_m, K)")
+    experts, max_m, k = x.shape
+    if experts == 0:
+        raise InputError("x must have at least one expert, but got E = 0")
+    scales_e = _decode_scales(input_scale, experts, x.device)
+    packed, plain = _quantize_rows(x.reshape(experts * max_m, k),
+                                   scales_e.repeat_interleave(max_m))
+    return packed.view(experts, max_m, k // 2), _blocked_per_expert(
+        plain.view(experts, max_m, k // SF_VEC)).view(torch.float8_e4m3fn)
+
+
+def _blocked_per_expert(plain: torch.Tensor) -> torch.Tensor:
+    """`to_blocked` of each expert's uint8 plain scales (E, rows, K // 16) at once -> (E,
+    blocked bytes), zero padding: one permute, not E small ones."""
+    experts, rows, cols = plain.shape
+    m_blocks, k_blocks = -(-rows // 128), -(-cols // 4)
+    padded = torch.zeros((experts, m_blocks * 128, k_blocks * 4), dtype=torch.uint8,
+                         device=plain.device)
+    padded[:, :rows, :cols] = plain
+    # to_blocked's order, an expert axis in front: (mb, i4, i32, kb, j4) -> (mb, kb, i32, i4, j4)
+    return padded.view(experts, m_blocks, 4, 32, k_blocks, 4).permute(0, 1, 4, 3, 2, 5).reshape(
+        experts, -1)

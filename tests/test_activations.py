@@ -1,0 +1,197 @@
+"""runtime.activations on the CPU: the sync-free activation quantizers give, bit for bit, what
+quantize_activation / quantize_nvfp4 give on each expert's rows alone, in the layouts of
+scaled_grouped_mm and masked_grouped_mm, and read no tensor value on the host."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime.activations as activations
+from runtime.activations import quantize_experts, quantize_masked
+from runtime.errors import InputError
+from runtime.formats import blocked_scale_numel
+from runtime.nvfp4 import (
+    blocked_scale_offset,
+    quantize_activation,
+    quantize_nvfp4,
+    to_blocked,
+    to_blocked_grouped,
+)
+from runtime.serving import sfa_rows_needed
+
+E4M3 = torch.float8_e4m3fn
+
+
+def routed(counts: list[int], k: int, pad: int, dtype: torch.dtype, seed: int):
+    """x (T, K) with rows grouped by expert (counts[g] rows for g, `pad` rows past the last),
+    int32 end offsets and per-expert decode scales of very different sizes."""
+    gen = torch.Generator().manual_seed(seed)
+    t = sum(counts) + pad
+    x = (torch.randn(t, k, generator=gen) * 4).to(dtype)
+    offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32)
+    scales = (2.0 ** torch.randint(-12, -2, (len(counts),), generator=gen)
+              * (1 + torch.rand(len(counts), generator=gen))).to(torch.float32)
+    return x, offs, scales
+
+
+def reference_experts(x, offs, scales):
+    """quantize_activation on each expert's rows alone, then to_blocked_grouped of their plain
+    scales; rows past offs[-1] get codes 0."""
+    a = torch.zeros(x.shape[0], x.shape[1] // 2, dtype=torch.uint8)
+    plain = torch.zeros(x.shape[0], x.shape[1] // 16, dtype=E4M3)
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        if end > start:
+            a[start:end], _ = quantize_activation(x[start:end], scales[g:g + 1].clone())
+            _, plain[start:end] = quantize_nvfp4(x[start:end], float(scales[g]))
+        start = max(start, end)
+    return a, to_blocked_grouped(plain, offs)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("counts,pad", [
+    ([0, 1, 37, 130, 0, 5], 0),  # empty experts, one expert past 128 rows
+    ([3, 0, 0, 9], 11),  # rows past offs[-1]
+    ([200], 0),  # one expert
+    ([0, 0, 0], 7),  # no expert has a row
+    ([0, 0], 0),  # T = 0
+])
+def test_quantize_experts_is_quantize_activation_per_expert(dtype, counts, pad) -> None:
+    x, offs, scales = routed(counts, 96, pad, dtype, seed=len(counts) + pad)
+    a, sfa = quantize_experts(x, offs, scales)
+    ref_a, ref_sfa = reference_experts(x, offs, scales)
+    assert a.dtype == torch.uint8 and tuple(a.shape) == (x.shape[0], 48)
+    assert sfa.dtype == E4M3
+    assert sfa.numel() == sfa_rows_needed(x.shape[0], len(counts)) * 8  # 96 / 16 -> 8 columns
+    assert torch.equal(a, ref_a)
+    assert torch.equal(sfa.view(torch.uint8), ref_sfa.view(torch.uint8))
+
+
+def test_quantize_experts_chunks_give_the_same_bits(monkeypatch) -> None:
+    x, offs, scales = routed([5, 0, 70, 3], 128, 4, torch.bfloat16, seed=9)
+    whole = quantize_experts(x, offs, scales)
+    monkeypatch.setattr(activations, "_CHUNK_ELEMENTS", 3 * 128)  # 3 rows per chunk
+    chunked = quantize_experts(x, offs, scales)
+    assert all(torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+               for u, v in zip(whole, chunked))
+
+
+def test_quantize_experts_takes_offs_as_the_kernels_do() -> None:
+    """Decreasing offsets and ends past T are clamped and made non-decreasing (cummax), as the
+    kernels read them: the same result as the repaired offsets."""
+    x, _, scales = routed([4, 4, 4], 64, 0, torch.float32, seed=2)
+    bad = torch.tensor([6, 2, 99], dtype=torch.int32)
+    fixed = torch.tensor([6, 6, 12], dtype=torch.int32)
+    a, _ = quantize_experts(x, bad, scales)
+    b, _ = quantize_experts(x, fixed, scales)
+    assert torch.equal(a, b)
+    assert torch.equal(a, reference_experts(x, fixed, scales)[0])
+
+
+def test_a_float_input_scale_is_that_scale_for_every_expert() -> None:
+    x, offs, _ = routed([3, 9, 1], 64, 2, torch.bfloat16, seed=4)
+    one = quantize_experts(x, offs, 0.0123)
+    per_expert = quantize_experts(x, offs, torch.full((3,), 0.0123))
+    assert all(torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+               for u, v in zip(one, per_expert))
+
+
+@pytest.mark.parametrize("max_m", [0, 5, 128, 130])
+def test_quantize_masked_is_quantize_nvfp4_and_to_blocked_per_expert(max_m) -> None:
+    gen = torch.Generator().manual_seed(max_m)
+    experts, k = 3, 80
+    x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16)
+    scales = torch.tensor([0.5, 2.0 ** -9, 0.013], dtype=torch.float32)
+    a, sfa = quantize_masked(x, scales)
+    assert tuple(a.shape) == (experts, max_m, k // 2) and a.dtype == torch.uint8
+    assert tuple(sfa.shape) == (experts, blocked_scale_numel(max_m, k)) and sfa.dtype == E4M3
+    for e in range(experts):
+        ref_a, ref_s = quantize_nvfp4(x[e], float(scales[e]))
+        assert torch.equal(a[e], ref_a)
+        assert torch.equal(sfa[e].view(torch.uint8), to_blocked(ref_s).view(torch.uint8))
+
+
+def test_blocks_with_nan_or_inf_get_nan_scales_and_others_stay_exact() -> None:
+    x, offs, scales = routed([8, 8], 64, 0, torch.float32, seed=6)
+    x[2, 5] = float("nan")  # row 2, block 0 (expert 0)
+    x[12, 40] = float("inf")  # row 12, block 2 (expert 1)
+    _, sfa = quantize_experts(x, offs, scales)
+    clean = x.clone()
+    clean[2, 5] = clean[12, 40] = 0.0
+    _, sfa_clean = quantize_experts(clean, offs, scales)
+    # (blocked row, scale column): expert 1's rows start at blocked row 128.
+    offsets = {blocked_scale_offset(i, j, 64) for i, j in ((2, 0), (128 + 4, 2))}
+    got, want = sfa.view(torch.uint8), sfa_clean.view(torch.uint8)
+    for o in offsets:
+        assert got[o] == 0x7F, o
+    keep = torch.ones_like(got, dtype=torch.bool)
+    keep[list(offsets)] = False
+    assert torch.equal(got[keep], want[keep])
+
+
+def test_no_tensor_value_is_read_on_the_host(monkeypatch) -> None:
+    """On a GPU any of these would synchronize the stream (and break graph capture): the
+    quantizers must never call them. (The GPU test checks the same with sync debug mode.)"""
+    x, offs, scales = routed([3, 0, 20, 1], 64, 5, torch.bfloat16, seed=1)
+    xm = x[:24].reshape(4, 6, 64)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a tensor value was read on the host")
+
+    for name in ("__bool__", "__float__", "__int__", "__index__", "item", "tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse)
+    quantize_experts(x, offs, scales)
+    quantize_masked(xm, scales)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("x", "offs", "s"), "x must be a torch.Tensor, but got str"),
+    ((torch.zeros(4, 64, dtype=torch.float64), "offs", "s"),
+     "x must be bfloat16, float16 or float32, but got torch.float64"),
+    ((torch.zeros(4, 4, 64), "offs", "s"), r"x must be 2-D \(T, K\), but got shape \(4, 4, 64\)"),
+    ((torch.zeros(4, 40), "offs", "s"), "K must be a positive multiple of 16, but got 40"),
+    ((torch.zeros(4, 64), [4], "s"), "offs must be an int32 or int64 torch.Tensor, but got list"),
+    ((torch.zeros(4, 64), torch.tensor([4.0]), "s"),
+     "offs must be an int32 or int64 torch.Tensor, but got torch.float32"),
+    ((torch.zeros(4, 64), torch.zeros(0, dtype=torch.int32), "s"),
+     r"offs must be 1-D \(E,\) with E > 0, but got shape \(0,\)"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), "s"),
+     "input_scale must be a float32 torch.Tensor \\(E,\\) or a Python float, but got str"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), torch.ones(1).double()),
+     "input_scale must be float32, but got torch.float64"),
+    ((torch.zeros(4, 64), torch.tensor([2, 4], dtype=torch.int32), torch.ones(1)),
+     r"input_scale must have shape \(E,\) = \(2,\), but got \(1,\) \(one scale for all: "
+     r"\.expand\(2\)\)"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), 0.0),
+     "input_scale must be positive and finite, but got 0.0"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), float("inf")),
+     "input_scale must be positive and finite, but got inf"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), True),
+     "input_scale must be a float32 torch.Tensor \\(E,\\) or a Python float, but got bool"),
+])
+def test_quantize_experts_errors(args, message) -> None:
+    with pytest.raises(InputError, match=f"^{message}$"):
+        quantize_experts(*args)
+
+
+@pytest.mark.parametrize("x,scale,message", [
+    (torch.zeros(8, 64), 1.0, r"x must be 3-D \(E, max_m, K\), but got shape \(8, 64\)"),
+    (torch.zeros(0, 4, 64), 1.0, "x must have at least one expert, but got E = 0"),
+    (torch.zeros(2, 4, 64), torch.ones(3), r"input_scale must have shape \(E,\) = \(2,\), but "
+     r"got \(3,\) \(one scale for all: \.expand\(2\)\)"),
+    (torch.zeros(2, 4, 64), float("nan"), "input_scale must be positive and finite, but got nan"),
+])
+def test_quantize_masked_errors(x, scale, message) -> None:
+    with pytest.raises(InputError, match=f"^{message}$"):
+        quantize_masked(x, scale)
+
+
+def test_offs_and_input_scale_on_another_device_are_refused(monkeypatch) -> None:
+    """Device mismatches are named (meta tensors stand in for a second device on the CPU)."""
+    x = torch.zeros(4, 64)
+    with pytest.raises(InputError, match=r"^offs must be on x's device cpu, but got meta$"):
+        quantize_experts(x, torch.zeros(1, dtype=torch.int32, device="meta"), 1.0)
+    with pytest.raises(InputError, match=r"^input_scale must be on x's device cpu, but got meta$"):
+        quantize_experts(x, torch.tensor([4], dtype=torch.int32),
+                         torch.ones(1, device="meta"))
