@@ -195,3 +195,14 @@ def test_offs_and_input_scale_on_another_device_are_refused(monkeypatch) -> None
     with pytest.raises(InputError, match=r"^input_scale must be on x's device cpu, but got meta$"):
         quantize_experts(x, torch.tensor([4], dtype=torch.int32),
                          torch.ones(1, device="meta"))
+
+
+def test_both_quantizers_trace_whole_under_torch_compile() -> None:
+    """fullgraph=True fails on any graph break, which a host read of a value would cause: the
+    quantizers fit inside a compiled serving step, with the eager bits."""
+    x, offs, scales = routed([3, 0, 17, 4], 64, 2, torch.bfloat16, seed=3)
+    xm = x[:24].reshape(4, 6, 64)
+    for fn, args in ((quantize_experts, (x, offs, scales)), (quantize_masked, (xm, scales))):
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        for got, want in zip(compiled(*args), fn(*args)):
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
