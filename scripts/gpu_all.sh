@@ -53,6 +53,9 @@ for s in "${STEPS[@]}"; do
     # Not yet run on a GPU (twenty-fourth session): the sync-free activation quantizers fed to
     # both serving layouts in a graph, and what quantizing a step's tokens costs.
     activations) step activations 120 python -m pytest -q -rs tests/test_activations_gpu.py ;;
+    # The AOT activation-quantization kernel (experiment): build .act_quant on the CPU machine
+    # (CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out .act_quant) and carry it.
+    act_quant) step act_quant 180 python experiments/act_quant_check.py --cubin-dir .act_quant ;;
     activations_bench) step activations_bench 240 python bench/bench_activations.py --reps 30 \
         --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.

@@ -1,0 +1,275 @@
+"""EXPERIMENT, not shipped: an AOT-compiled sm_90a kernel for runtime.activations.quantize_experts
+(bf16 tokens grouped by expert -> NVFP4 codes and scaled_grouped_mm's blocked A scales), one
+thread per 16-element block. The torch path is about 65 small kernels per call; this is one,
+plus a memset of sfa and four E-sized torch ops for its expert tables (act_quant_check.py).
+
+    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out DIR   # DIR/act_quant.{cubin,json}
+
+Same bits as runtime.activations, by the same IEEE operations where the reference uses float64
+(the block scale: amax / 6 / gs in f64, to f32, to e4m3, both round to nearest even), and by an
+exact equivalent where it divides: a value's code compares |x| with the e2m1 midpoints times
+denom = scale * gs. Each product has at most 3 + 4 + 24 bits, so it is exact in f64, and |x|
+(bf16, exact in f32) exceeds it iff it exceeds its f32 round-down and reaches it iff it reaches
+its f32 round-up. The reference's f64 quotient cannot flip a comparison or a tie either: an
+unequal quotient sits at least 2^-31 (relative) away from a midpoint, its rounding 2^-53. The
+algorithm, in numpy, matches quantize_nvfp4 on every case of experiments/tests/
+test_act_quant_algorithm.py; the kernel itself has not run (no device in the twenty-fourth
+session): act_quant_check.py compares it with runtime.activations bit for bit on the H200.
+
+Inputs (the launch record in act_quant.json lists them in order): x bf16 (T, K) contiguous, ends
+int32 (E,) = cummax(clamp(offs, 0, T)), pstart int32 (E,) = each expert's first blocked scale
+row (sum of round_up(rows, 128) before it), scales float32 (E,) decode scales, a uint8 (T, K/2)
+out, sfa uint8 out (zeroed by the caller: padding is not written), T, K, E, and T * K / 16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Float64, Int32, Int64, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cute.runtime import make_ptr
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from kernels.sm90.ptx import _asm, _i64, _ir, ld_global_nc_v4
+
+THREADS = 256
+# e2m1 rounding midpoints (runtime.nvfp4._E2M1_MIDPOINTS) as PTX f64 literals.
+MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def _f64_literal(v: float) -> str:
+    import struct
+
+    return "0d" + struct.pack(">d", v).hex().upper()
+
+
+def _pure(ret: Any, text: str, constraints: str, args: list[Any], loc: Any, ip: Any) -> Any:
+    return llvm.inline_asm(ret, args, text, constraints, has_side_effects=False,
+                           is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                           loc=loc, ip=ip)
+
+
+@dsl_user_op
+def bf16_to_f32(bits: Any, *, loc: Any = None, ip: Any = None) -> Float32:
+    """The bf16 in the HIGH half of `bits` (mask the low half off first) as f32 (exact)."""
+    return Float32(_pure(T.f32(), "mov.b32 $0, $1;", "=f,r", [_ir(bits, loc, ip)], loc, ip))
+
+
+@dsl_user_op
+def max_nan_abs(a: Any, b: Any, *, loc: Any = None, ip: Any = None) -> Float32:
+    """max(a, |b|), NaN if either is NaN (torch's amax propagates NaN)."""
+    return Float32(_pure(T.f32(), "{\n.reg .f32 t;\nabs.f32 t, $2;\nmax.NaN.f32 $0, $1, t;\n}",
+                         "=f,f,f", [a.ir_value(loc=loc, ip=ip), b.ir_value(loc=loc, ip=ip)],
+                         loc, ip))
+
+
+@dsl_user_op
+def scale_byte(amax: Any, gs: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """e4m3 byte of min(amax / 6 / gs, 448) computed in f64, rounded to f32, then to e4m3
+    (nearest even both times), as quantize_nvfp4 does."""
+    text = ("{\n.reg .f64 a, g, q;\n.reg .f32 f, z;\n.reg .b16 h;\n"
+            "cvt.f64.f32 a, $1;\ncvt.f64.f32 g, $2;\n"
+            f"div.rn.f64 q, a, {_f64_literal(6.0)};\ndiv.rn.f64 q, q, g;\n"
+            f"min.f64 q, q, {_f64_literal(448.0)};\ncvt.rn.f32.f64 f, q;\n"
+            "mov.f32 z, 0f00000000;\ncvt.rn.satfinite.e4m3x2.f32 h, z, f;\n"
+            "cvt.u32.u16 $0, h;\nand.b32 $0, $0, 255;\n}")
+    return Uint32(_pure(T.i32(), text, "=r,f,f",
+                        [amax.ir_value(loc=loc, ip=ip), gs.ir_value(loc=loc, ip=ip)], loc, ip))
+
+
+@dsl_user_op
+def denominator(byte: Any, gs: Any, *, loc: Any = None, ip: Any = None) -> Float64:
+    """f64(e4m3 byte) * f64(gs): exact (4 + 24 significant bits)."""
+    text = ("{\n.reg .b16 h;\n.reg .b32 r;\n.reg .f16 lo;\n.reg .f32 s;\n.reg .f64 d, g;\n"
+            "cvt.u16.u32 h, $1;\ncvt.rn.f16x2.e4m3x2 r, h;\nmov.b32 {lo, _}, r;\n"
+            "cvt.f32.f16 s, lo;\ncvt.f64.f32 d, s;\ncvt.f64.f32 g, $2;\nmul.rn.f64 $0, d, g;\n}")
+    return Float64(_pure(T.f64(), text, "=d,r,f",
+                         [_ir(byte, loc, ip), gs.ir_value(loc=loc, ip=ip)], loc, ip))
+
+
+@dsl_user_op
+def threshold(denom: Any, midpoint: float, up: bool, *, loc: Any = None,
+              ip: Any = None) -> Float32:
+    """midpoint * denom (exact in f64) rounded to f32 down (up: up)."""
+    mode = "rp" if up else "rm"
+    text = (f"{{\n.reg .f64 t;\nmul.rn.f64 t, $1, {_f64_literal(midpoint)};\n"
+            f"cvt.{mode}.f32.f64 $0, t;\n}}")
+    return Float32(_pure(T.f32(), text, "=f,d", [denom.ir_value(loc=loc, ip=ip)], loc, ip))
+
+
+@dsl_user_op
+def usable(amax: Any, denom: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """1 when the block gets codes: no NaN in it and denom > 0 (else every code is 0)."""
+    text = ("{\n.reg .pred p, q;\nsetp.gt.f64 p, $2, 0d0000000000000000;\n"
+            "setp.num.and.f32 q, $1, $1, p;\nselp.u32 $0, 1, 0, q;\n}")
+    return Uint32(_pure(T.i32(), text, "=r,f,d",
+                        [amax.ir_value(loc=loc, ip=ip), denom.ir_value(loc=loc, ip=ip)],
+                        loc, ip))
+
+
+@dsl_user_op
+def e2m1_code(x: Any, down: list, up: list, ok: Any, *, loc: Any = None,
+              ip: Any = None) -> Uint32:
+    """The e2m1 code of x / denom, round to nearest, ties to the even code, saturating at 6,
+    +0 for what rounds to zero: lo = midpoints below |x| (|x| > round-down), hi = midpoints
+    at or below (|x| >= round-up); a tie (lo != hi) takes hi when lo is odd. 0 unless ok."""
+    lines = ["{", ".reg .pred p, q;", ".reg .u32 lo, hi, c, t;", ".reg .f32 m;",
+             "abs.f32 m, $1;", "mov.u32 lo, 0;", "mov.u32 hi, 0;"]
+    for b in range(7):
+        lines += [f"setp.gt.f32 p, m, ${2 + b};", "selp.u32 t, 1, 0, p;", "add.u32 lo, lo, t;",
+                  f"setp.ge.f32 p, m, ${9 + b};", "selp.u32 t, 1, 0, p;", "add.u32 hi, hi, t;"]
+    lines += ["and.b32 t, lo, 1;", "setp.ne.u32 p, lo, hi;", "setp.ne.and.u32 q, t, 0, p;",
+              "selp.u32 c, hi, lo, q;",
+              "setp.lt.f32 p, $1, 0f00000000;", "setp.ne.and.u32 q, c, 0, p;",
+              "selp.u32 t, 8, 0, q;", "or.b32 c, c, t;",
+              "setp.ne.u32 p, $16, 0;", "selp.u32 $0, c, 0, p;", "}"]
+    args = [x.ir_value(loc=loc, ip=ip)] + [v.ir_value(loc=loc, ip=ip) for v in down + up]
+    args.append(_ir(ok, loc, ip))
+    return Uint32(_pure(T.i32(), "\n".join(lines), "=r" + ",f" * 15 + ",r", args, loc, ip))
+
+
+@dsl_user_op
+def ld_global_nc_b32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    return _asm("ld.global.nc.b32 $0, [$1];", "=r,l", [_i64(addr, loc, ip)], loc, ip, True)
+
+
+@dsl_user_op
+def ld_global_nc_f32(addr: Any, *, loc: Any = None, ip: Any = None) -> Float32:
+    out = llvm.inline_asm(T.f32(), [_i64(addr, loc, ip)], "ld.global.nc.f32 $0, [$1];", "=f,l",
+                          has_side_effects=True, is_align_stack=False,
+                          asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return Float32(out)
+
+
+@dsl_user_op
+def st_global_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None) -> None:
+    _asm("st.global.v2.b32 [$0], {$1, $2};", "l,r,r",
+         [_i64(addr, loc, ip), _ir(w0, loc, ip), _ir(w1, loc, ip)], loc, ip)
+
+
+@dsl_user_op
+def st_global_u8(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
+    _asm("{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.global.u8 [$0], h;\n}", "l,r",
+         [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)
+
+
+class ActQuant:
+    """One thread per (row, 16-element block) of x."""
+
+    @cute.jit
+    def __call__(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
+                 scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer, rows: Int32,
+                 k: Int32, experts: Int32, blocks: Int32) -> None:
+        self.kernel(x, ends, pstart, scales, a, sfa, rows, k, experts, blocks).launch(
+            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1])
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
+               scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32,
+               experts: Int32, blocks: Int32) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        idx = bidx * THREADS + tidx
+        if idx < blocks:
+            nb = k // 16
+            r = idx // nb
+            j = idx - r * nb
+            x_addr, ends_addr = x.toint(), ends.toint()
+            a_addr = a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8)
+            # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
+            lo = Int32(0)
+            hi = experts
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if Int32(ld_global_nc_b32(ends_addr + Int64(mid) * 4)) > r:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo >= experts:
+                st_global_v2(a_addr, Uint32(0), Uint32(0))  # no expert's row: codes 0
+            else:
+                self._block(x_addr + (Int64(r) * Int64(k) + Int64(j * 16)) * 2, ends_addr,
+                            pstart.toint(), scales.toint(), a_addr, sfa.toint(), r, j, k, lo)
+
+    @cute.jit
+    def _block(self, x_addr, ends_addr, pstart_addr, scales_addr, a_addr, sfa_addr, r, j, k,
+               g) -> None:
+        start = Int32(0)
+        if g > 0:
+            start = Int32(ld_global_nc_b32(ends_addr + Int64(g - 1) * 4))
+        prow = Int32(ld_global_nc_b32(pstart_addr + Int64(g) * 4)) + r - start
+        gs = ld_global_nc_f32(scales_addr + Int64(g) * 4)
+        words = list(ld_global_nc_v4(x_addr)) + list(ld_global_nc_v4(x_addr + 16))
+        values = []
+        for w in words:  # element 2i in the low half of word i
+            values.append(bf16_to_f32(w << Uint32(16)))
+            values.append(bf16_to_f32(w & Uint32(0xFFFF0000)))
+        amax = Float32(0.0)
+        for v in values:
+            amax = max_nan_abs(amax, v)
+        byte = scale_byte(amax, gs)
+        denom = denominator(byte, gs)
+        ok = usable(amax, denom)
+        down = [threshold(denom, m, False) for m in MIDPOINTS]
+        up = [threshold(denom, m, True) for m in MIDPOINTS]
+        packed = [Uint32(0), Uint32(0)]
+        for i, v in enumerate(values):
+            packed[i // 8] = packed[i // 8] | (e2m1_code(v, down, up, ok) << Uint32(4 * (i % 8)))
+        st_global_v2(a_addr, packed[0], packed[1])
+        # A block holding NaN or inf gets a NaN scale (runtime.activations' convention);
+        # amax is NaN or inf exactly then.
+        finite = amax < Float32(float("inf"))
+        if not finite:
+            byte = Uint32(0x7F)
+        rest_k = (k // 16 + 3) // 4
+        offset = (((prow // 128) * rest_k + j // 4) * 512 + (prow % 32) * 16
+                  + ((prow % 128) // 32) * 4 + (j % 4))
+        st_global_u8(sfa_addr + Int64(offset), byte)
+
+
+def build(out: Path) -> dict:
+    """Compile for sm_90a into out/act_quant.cubin (+ .ptx, .json with the launch record)."""
+    if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
+        raise SystemExit("error: set CUTE_DSL_ARCH=sm_90a before cutlass is imported")
+    ptr = {name: make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
+           for name, dtype, align in (("x", cutlass.BFloat16, 16), ("i32", Int32, 4),
+                                      ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
+    call = (ptr["x"], ptr["i32"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"],
+            Int32(1), Int32(16), Int32(1), Int32(1))
+    with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
+        compiled = cute.compile(ActQuant(), *call, options=(
+            f"--gpu-arch sm_90a --keep-cubin --keep-ptx --dump-dir {dump}"))
+        cubin, ptx = compiled.__cubin__, compiled.__ptx__
+    symbols = list(compiled.kernel_info)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "act_quant.cubin").write_bytes(cubin)
+    (out / "act_quant.ptx").write_text(ptx)
+    record = {"symbol": symbols[0], "block": [THREADS, 1, 1], "threads_per": "16-element block",
+              "params": ["x", "ends", "pstart", "scales", "a", "sfa", "rows", "k", "experts",
+                         "blocks"]}
+    (out / "act_quant.json").write_text(json.dumps(record, indent=1))
+    return record
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    print(json.dumps(build(ap.parse_args().out)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""On the H200: experiments/act_quant.py's kernel against runtime.activations.quantize_experts,
+bit for bit, then both timed in CUDA graphs. No cutlass here: the cubin is loaded with
+cuda.bindings (build it on the CPU machine first and carry the directory).
+
+    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out .act_quant      # CPU machine
+    PYTHONPATH=. python experiments/act_quant_check.py --cubin-dir .act_quant  # H200
+
+Cases: bf16 tokens of several magnitudes, the edge blocks of tests/test_act_quant_experiment.py
+(ties, near-ties, saturation, zeros, subnormals, NaN and inf; one expert per block), skewed
+routings with empty experts and rows past offs[-1], E = 1..256, K = 16..7168. Prints one line per
+case and a table of us per call last (the kernel's path: four E-sized torch ops for its tables,
+a memset of sfa and the kernel; the torch path: quantize_experts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "bench", ROOT / "tests"):
+    sys.path.insert(0, str(p))
+
+from cuda.bindings import driver
+
+from runtime.activations import quantize_experts
+from runtime.cuda import check
+from runtime.formats import scale_cols
+from runtime.serving import sfa_rows_needed
+
+
+class ActQuantKernel:
+    def __init__(self, cubin_dir: Path) -> None:
+        record = json.loads((cubin_dir / "act_quant.json").read_text())
+        self.block = record["block"][0]
+        torch.zeros(1, device="cuda")  # the primary context, current on this thread
+        module = check(driver.cuModuleLoadData((cubin_dir / "act_quant.cubin").read_bytes()),
+                       "cuModuleLoadData")
+        self.function = check(driver.cuModuleGetFunction(module, record["symbol"].encode()),
+                              "cuModuleGetFunction")
+
+    def __call__(self, x: torch.Tensor, offs: torch.Tensor,
+                 scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t, k = x.shape
+        experts = offs.numel()
+        ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+        counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+        padded = (counts + 127) // 128 * 128
+        pstart = (torch.cumsum(padded, 0) - padded).to(torch.int32)
+        ends = ends.to(torch.int32)
+        a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
+        sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
+                          device=x.device)
+        blocks = t * k // 16
+        if blocks:
+            values = [ctypes.c_uint64(p.data_ptr()) for p in (x, ends, pstart, scales, a, sfa)]
+            values += [ctypes.c_int32(v) for v in (t, k, experts, blocks)]
+            params = (ctypes.c_void_p * len(values))(
+                *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+            grid = -(-blocks // self.block)
+            stream = torch.cuda.current_stream().cuda_stream
+            check(driver.cuLaunchKernel(self.function, grid, 1, 1, self.block, 1, 1, 0, stream,
+                                        ctypes.addressof(params), 0), "cuLaunchKernel")
+        return a, sfa.view(torch.float8_e4m3fn)
+
+
+def cases():
+    """(name, x bf16 (T, K), offs int32 (E,), decode scales float32 (E,)) on the GPU."""
+    from test_act_quant_experiment import edge_blocks
+
+    gen = torch.Generator().manual_seed(5)
+    for experts, k, tokens, skew in ((1, 16, 37, 0), (8, 48, 300, 0), (128, 2048, 512, 1),
+                                     (256, 7168, 64, 1), (32, 2048, 4096, 0), (128, 768, 1, 0)):
+        t = tokens
+        counts = torch.multinomial(torch.ones(experts) if not skew else
+                                   torch.arange(experts, 0, -1).float() ** 3, t,
+                                   replacement=True, generator=gen).bincount(minlength=experts)
+        counts[::7] = 0
+        offs = counts.cumsum(0).to(torch.int32)
+        t = int(offs[-1]) + 5  # rows past offs[-1]
+        scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).float()
+        for mag in (1e-3, 1.0, 1e3):
+            x = (torch.randn(t, k, generator=gen) * mag).to(torch.bfloat16)
+            yield f"E{experts} K{k} T{t} x~{mag:g}", x, offs, scales
+    for seed in range(3):
+        # The CPU test's edge blocks (ties, near-ties, NaN, inf, ...) with each block's own
+        # decode scale: K = 16, one row and one expert per block.
+        blocks, gs = edge_blocks(seed)
+        offs = torch.arange(1, len(blocks) + 1, dtype=torch.int32)
+        yield f"edge blocks, seed {seed}", blocks, offs, gs
+    yield "decreasing offs past T", torch.randn(64, 32).bfloat16(), torch.tensor(
+        [10, 5, 900, 3], dtype=torch.int32), torch.full((4,), 0.01)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cubin-dir", type=Path, default=ROOT / ".act_quant")
+    ap.add_argument("--reps", type=int, default=50)
+    args = ap.parse_args()
+    kernel = ActQuantKernel(args.cubin_dir)
+    failed = 0
+    for name, x, offs, scales in cases():
+        x, offs, scales = x.cuda(), offs.cuda(), scales.cuda()
+        got = kernel(x, offs, scales)
+        want = quantize_experts(x, offs, scales)
+        torch.cuda.synchronize()
+        bad = [int((g.view(torch.uint8) != w.view(torch.uint8)).sum()) for g, w in zip(got, want)]
+        failed += any(bad)
+        print(f"{'ok ' if not any(bad) else 'BAD'} {name}: differing code bytes {bad[0]}, "
+              f"scale bytes {bad[1]}")
+    from bench_grouped import capture, time_graphs
+
+    rows = []
+    for experts, k, t in ((128, 2048, 512), (128, 768, 512), (256, 7168, 512),
+                          (128, 2048, 4096), (256, 7168, 32768)):
+        x = torch.randn(t, k, device="cuda").to(torch.bfloat16)
+        offs = torch.linspace(t / experts, t, experts, device="cuda").to(torch.int32)
+        scales = torch.full((experts,), 0.01, device="cuda")
+        ours = time_graphs([capture(lambda: kernel(x, offs, scales))], args.reps)
+        torch_path = time_graphs([capture(lambda: quantize_experts(x, offs, scales))], args.reps)
+        rows.append(f"| {experts} | {k} | {t} | {ours:.1f} | {torch_path:.1f} |")
+    print("| E | K | T | kernel path us | torch path us |\n|---|---|---|---|---|")
+    print("\n".join(rows))
+    print(f"== act_quant: {'all exact' if not failed else f'{failed} cases differ'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""experiments/act_quant.py (an AOT activation-quantization kernel, not shipped): its algorithm,
+written here step for step in torch, gives runtime.activations' bits on bf16 blocks built to
+hit every edge (ties at every midpoint, saturation, zero and subnormal blocks, NaN and inf, tiny
+and huge decode scales); and the kernel compiles for sm_90a without local memory. The kernel's
+own bits are checked on the H200 by experiments/act_quant_check.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import requires_dsl
+
+from runtime.nvfp4 import _E2M1_MIDPOINTS, _pack_codes, _quantize_codes
+
+REPO = Path(__file__).resolve().parents[1]
+E4M3 = torch.float8_e4m3fn
+
+
+def _directed(t: torch.Tensor, up: bool) -> torch.Tensor:
+    """f64 -> f32 rounded down (up: up), as PTX cvt.rm / cvt.rp.f32.f64."""
+    r = t.float()
+    if up:
+        return torch.where(r.double() < t, torch.nextafter(r, torch.tensor(float("inf"))), r)
+    return torch.where(r.double() > t, torch.nextafter(r, torch.tensor(float("-inf"))), r)
+
+
+def kernel_algorithm(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """act_quant.py's arithmetic on blocks x (B, 16) bf16 with decode scales gs (B,) float32:
+    (packed codes (B, 8) uint8, scale bytes (B,) uint8)."""
+    v = x.float()
+    amax = v.abs().amax(dim=1)  # NaN if any NaN, as max.NaN.f32
+    q = torch.nan_to_num(amax.double() / 6.0 / gs.double(), nan=448.0).clamp(max=448.0)
+    byte = q.float().to(E4M3).view(torch.uint8)
+    denom = byte.view(E4M3).double() * gs.double()
+    ok = (denom > 0) & ~torch.isnan(amax)
+    mag = v.abs()
+    lo = torch.zeros_like(v, dtype=torch.int32)
+    hi = torch.zeros_like(lo)
+    for m in _E2M1_MIDPOINTS:
+        t = m * denom
+        lo += (mag > _directed(t, up=False)[:, None]).int()
+        hi += (mag >= _directed(t, up=True)[:, None]).int()
+    code = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)
+    code = code | torch.where((v < 0) & (code != 0), 8, 0)
+    code = torch.where(ok[:, None], code, 0).to(torch.uint8)
+    byte = torch.where(amax < float("inf"), byte, 0x7F)
+    return _pack_codes(code), byte
+
+
+def reference(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """runtime.activations' bits for the same blocks (each block its own row)."""
+    codes, scale = _quantize_codes(x, gs.double()[:, None])
+    byte = torch.where(torch.isfinite(x.float()).all(dim=1), scale.view(torch.uint8)[:, 0], 0x7F)
+    return _pack_codes(codes), byte
+
+
+def edge_blocks(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    n = 4096
+    gs = (2.0 ** torch.randint(-30, 20, (n,), generator=gen)).float()
+    gs[n // 2:] *= 1 + torch.rand(n - n // 2, generator=gen)  # not powers of two
+    kind = torch.arange(n) % 6
+    x = torch.randn(n, 16, generator=gen) * 10.0 ** torch.randint(-8, 8, (n, 1), generator=gen)
+    # Ties: every value a midpoint (or a grid value) of a power-of-two block scale times gs.
+    grid = torch.tensor(list(_E2M1_MIDPOINTS) + [0.5, 1.0, 3.0, 6.0])
+    pick = grid[torch.randint(0, len(grid), (n, 16), generator=gen)]
+    sign = torch.where(torch.rand(n, 16, generator=gen) < 0.5, -1.0, 1.0)
+    pow2 = 2.0 ** torch.randint(-9, 8, (n, 1), generator=gen)
+    x = torch.where((kind == 1)[:, None], pick * sign * pow2 * gs[:, None].double().float(), x)
+    x = torch.where((kind == 2)[:, None], torch.full_like(x, 1e-40), x)  # subnormal bf16
+    x = torch.where((kind == 3)[:, None], x * 0, x)  # zero blocks (some -0.0)
+    x = torch.where((kind == 4)[:, None], x * 1e30, x)  # saturating scales
+    x = x.to(torch.bfloat16)
+    # Near-ties: decode scale r = p/q rounded to f32 and values m * r exactly (a midpoint m of
+    # the block scale times p/q, a dyadic number), so that m * denom lies within an f32
+    # rounding of the value without equalling it. A threshold rounded to nearest would call
+    # that a tie; the directed roundings do not (the first element sets the block scale 1).
+    near = (kind == 5).nonzero()[:, 0]
+    ratios = torch.tensor([[2 / 3, 0.75], [4 / 5, 1.25], [8 / 7, 1.75], [4 / 5, 2.5],
+                           [8 / 7, 3.5], [4 / 5, 5.0], [4 / 3, 0.75], [8 / 5, 1.25]],
+                          dtype=torch.float64)
+    which = ratios[torch.randint(0, len(ratios), (len(near),), generator=gen)]
+    gs[near] = which[:, 0].float()
+    values = (which[:, 1:] * which[:, :1]).expand(-1, 16).clone()
+    values[:, 0] = 6 * which[:, 0]
+    values *= torch.where(torch.rand(len(near), 16, generator=gen) < 0.5, -1.0, 1.0)
+    x[near] = values.to(torch.bfloat16)
+    x[::37, 3] = float("inf")
+    x[::53, 7] = float("-inf")
+    x[::41, 11] = float("nan")
+    return x, gs
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_kernels_algorithm_is_runtime_activations_bit_for_bit(seed) -> None:
+    x, gs = edge_blocks(seed)
+    got_codes, got_bytes = kernel_algorithm(x, gs)
+    want_codes, want_bytes = reference(x, gs)
+    assert torch.equal(got_bytes, want_bytes)
+    assert torch.equal(got_codes, want_codes)
+
+
+def test_edge_blocks_hit_ties_and_non_finite_blocks() -> None:
+    """The cases above are not vacuous: some values sit exactly on a midpoint, some blocks
+    saturate, and some are NaN / inf."""
+    x, gs = edge_blocks(0)
+    _, byte = reference(x, gs)
+    codes, _ = _quantize_codes(x, gs.double()[:, None])
+    assert (byte == 0x7F).sum() > 100
+    assert (byte == 0x7E).sum() > 10  # scale 448: saturated
+    denom = byte.view(E4M3).double() * gs.double()
+    v = x.double() / denom[:, None]
+    ties = torch.isin(v.abs(), torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float64))
+    assert ties.sum() > 1000
+    # And the near-ties: a value within an f32 rounding of m * denom but not on it.
+    t = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float64)[None, None, :] * denom[:, None, None]
+    near = (x.double().abs()[:, :, None] == t.float().double()) & (t.float().double() != t)
+    assert near.sum() > 100
+    assert (codes == 7).any() and (codes == 15).any()
+
+
+@requires_dsl
+@pytest.mark.dsl
+def test_act_quant_kernel_compiles_without_local_memory(tmp_path) -> None:
+    env = dict(os.environ, CUTE_DSL_ARCH="sm_90a")
+    subprocess.run([sys.executable, str(REPO / "experiments" / "act_quant.py"), "--out",
+                    str(tmp_path)], check=True, env=env, capture_output=True)
+    from kernels.introspect import require_no_stack_frame
+
+    cubin = (tmp_path / "act_quant.cubin").read_bytes()
+    import json
+
+    symbol = json.loads((tmp_path / "act_quant.json").read_text())["symbol"]
+    require_no_stack_frame(cubin, symbol, "act_quant should keep its values in registers")
