@@ -69,6 +69,15 @@ def bf16_to_f32(bits: Any, *, loc: Any = None, ip: Any = None) -> Float32:
 
 
 @dsl_user_op
+def poison(gs: Any, *, loc: Any = None, ip: Any = None) -> Float32:
+    """0 when the decode scale is positive and finite, else NaN. amax starts from it, so a bad
+    scale poisons every block of its expert as a NaN value would (runtime.activations)."""
+    text = ("{\n.reg .pred p;\nsetp.gt.f32 p, $1, 0f00000000;\n"
+            "setp.lt.and.f32 p, $1, 0f7F800000, p;\nselp.f32 $0, 0f00000000, 0f7FFFFFFF, p;\n}")
+    return Float32(_pure(T.f32(), text, "=f,f", [gs.ir_value(loc=loc, ip=ip)], loc, ip))
+
+
+@dsl_user_op
 def max_nan_abs(a: Any, b: Any, *, loc: Any = None, ip: Any = None) -> Float32:
     """max(a, |b|), NaN if either is NaN (torch's amax propagates NaN)."""
     return Float32(_pure(T.f32(), "{\n.reg .f32 t;\nabs.f32 t, $2;\nmax.NaN.f32 $0, $1, t;\n}",
@@ -217,7 +226,7 @@ class ActQuant:
         for w in words:  # element 2i in the low half of word i
             values.append(bf16_to_f32(w << Uint32(16)))
             values.append(bf16_to_f32(w & Uint32(0xFFFF0000)))
-        amax = Float32(0.0)
+        amax = poison(gs)
         for v in values:
             amax = max_nan_abs(amax, v)
         byte = scale_byte(amax, gs)

@@ -11,9 +11,9 @@ weight_scale_2[g]. The arithmetic is `quantize_nvfp4`'s, bit for bit (float64 ro
 decisions), applied with each row's own expert scale: the same codes and scales as
 `quantize_activation` on each expert's rows alone.
 
-What the host cannot check without a sync is not checked: input scales must be positive and
-finite. A block holding a NaN or an infinity gets a NaN block scale, so the rows it feeds come
-out NaN rather than silently saturated.
+What the host cannot check without a sync is poisoned instead of refused: a block holding a NaN
+or an infinity gets a NaN block scale, and so does every block of an expert whose input_scale is
+not positive and finite, so the rows they feed come out NaN rather than silently wrong.
 
 These are torch operations (a few dozen small kernels, float64 temporaries in chunks of
 _CHUNK_ELEMENTS), a correct path for engines on Hopper, where no NVFP4 quantization kernel
@@ -22,6 +22,9 @@ exists; they are not a fast kernel.
 
 from __future__ import annotations
 
+import math
+import numbers
+import struct
 from typing import Any
 
 import torch
@@ -51,14 +54,20 @@ def _check_x(x: Any, dims: int, shape_text: str) -> torch.Tensor:
 
 def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
     """input_scale as a float64 (E,) tensor on `device`, checked without reading a device
-    value: a float32 (E,) tensor on x's device, or one positive finite Python float."""
-    if isinstance(input_scale, (int, float)) and not isinstance(input_scale, bool):
-        value = float(input_scale)
-        if not (value > 0 and value != float("inf")):
-            raise InputError(f"input_scale must be positive and finite, but got {value!r}")
+    value: a float32 (E,) tensor on x's device, or one real number, rounded to float32 on the
+    host (as quantize_activation does, and as the GEMM's fp32 alpha holds it) and checked there.
+    A tensor's scales that are not positive and finite become NaN (see the module docstring)."""
+    if isinstance(input_scale, numbers.Real) and not isinstance(input_scale, bool):
+        try:
+            value = struct.unpack("f", struct.pack("f", float(input_scale)))[0]
+        except OverflowError:  # past float32's range (struct refuses to round it to inf)
+            value = math.inf
+        if not (value > 0 and math.isfinite(value)):
+            raise InputError(f"input_scale must be positive and finite in float32, but got "
+                             f"{repr(input_scale)[:40]} (float32: {value!r})")
         return torch.full((experts,), value, dtype=torch.float64, device=device)
     if not isinstance(input_scale, torch.Tensor):
-        raise InputError(f"input_scale must be a float32 torch.Tensor (E,) or a Python float, "
+        raise InputError(f"input_scale must be a float32 torch.Tensor (E,) or a real number, "
                          f"but got {type(input_scale).__name__}")
     if input_scale.dtype != torch.float32:
         raise InputError(f"input_scale must be float32, but got {input_scale.dtype}")
@@ -68,7 +77,8 @@ def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torc
     if input_scale.device != device:
         raise InputError(f"input_scale must be on x's device {device}, but got "
                          f"{input_scale.device}")
-    return input_scale.to(torch.float64)
+    s = input_scale.to(torch.float64)
+    return torch.where((s > 0) & torch.isfinite(s), s, math.nan)
 
 
 def _quantize_rows(x: torch.Tensor, row_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +98,7 @@ def _quantize_rows(x: torch.Tensor, row_scale: torch.Tensor) -> tuple[torch.Tens
     return packed, scales
 
 
+@torch.no_grad()
 def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
                      input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations x (T, K) whose rows are grouped by expert (expert g owns rows
@@ -95,13 +106,14 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
     returns (a uint8 (T, K // 2), sfa float8_e4m3fn 1-D blocked with each expert's rows padded
     to 128, room for any routing: `to_blocked_grouped`'s layout).
 
-    Row g's decode scale is input_scale[g] (float32 (E,) on x's device, or one Python float).
+    Row g's decode scale is input_scale[g] (float32 (E,) on x's device, or one real number).
     Rows past offs[-1] belong to no expert: their codes are 0 and their scales are dropped, as
     the kernel ignores them. offs is clamped and made non-decreasing, as the kernels do.
     """
     x = _check_x(x, 2, "(T, K)")
-    if not isinstance(offs, torch.Tensor) or offs.dtype not in (torch.int32, torch.int64):
-        raise InputError(f"offs must be an int32 or int64 torch.Tensor, but got "
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32:
+        # int32 only: offs goes on to scaled_grouped_mm, which takes nothing else.
+        raise InputError(f"offs must be an int32 torch.Tensor, but got "
                          f"{offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__}")
     if offs.dim() != 1 or offs.numel() == 0:
         raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
@@ -119,12 +131,13 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
     return packed, to_blocked_grouped(plain.view(torch.float8_e4m3fn), offs)
 
 
+@torch.no_grad()
 def quantize_masked(x: torch.Tensor,
                     input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations x (E, max_m, K) in the masked layout for `gg.masked_grouped_mm`:
     returns (a uint8 (E, max_m, K // 2), sfa float8_e4m3fn (E, round_up(max_m, 128) *
     round_up(K / 16, 4)), each expert's scales in the blocked layout). Expert e's rows use
-    decode scale input_scale[e] (float32 (E,) on x's device, or one Python float). Every row
+    decode scale input_scale[e] (float32 (E,) on x's device, or one real number). Every row
     is quantized: which ones are valid (masked_m) is only known on the device."""
     x = _check_x(x, 3, "(E, max_m, K)")
     experts, max_m, k = x.shape

@@ -280,6 +280,14 @@ def from_blocked(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------
 
 
+def _midpoints_on(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """_E2M1_MIDPOINTS as a tensor computed on `device` (exact), not copied from the host: a
+    host-to-device copy of Python values synchronizes and fails under CUDA-graph capture, where
+    runtime.activations runs this."""
+    i = torch.arange(len(_E2M1_MIDPOINTS), dtype=dtype, device=device)
+    return torch.where(i < 4, 0.25 + 0.5 * i, torch.where(i < 6, i - 1.5, 5.0))
+
+
 def _round_to_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     """Round values (already divided by their scale) to the nearest e2m1 code.
 
@@ -289,7 +297,7 @@ def _round_to_e2m1_codes(v: torch.Tensor) -> torch.Tensor:
     Values that round to zero get code 0 (+0), whatever their sign.
     """
     mag = v.abs()
-    bounds = torch.tensor(_E2M1_MIDPOINTS, dtype=mag.dtype, device=mag.device)
+    bounds = _midpoints_on(mag.device, mag.dtype)
     lo = torch.bucketize(mag, bounds, right=False)  # a tie at a midpoint -> lower code
     hi = torch.bucketize(mag, bounds, right=True)  # a tie at a midpoint -> upper code
     code = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)  # on a tie keep the even one

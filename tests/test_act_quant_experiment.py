@@ -34,6 +34,7 @@ def kernel_algorithm(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, t
     (packed codes (B, 8) uint8, scale bytes (B,) uint8)."""
     v = x.float()
     amax = v.abs().amax(dim=1)  # NaN if any NaN, as max.NaN.f32
+    amax = torch.where((gs > 0) & (gs < float("inf")), amax, float("nan"))  # poison()
     q = torch.nan_to_num(amax.double() / 6.0 / gs.double(), nan=448.0).clamp(max=448.0)
     byte = q.float().to(E4M3).view(torch.uint8)
     denom = byte.view(E4M3).double() * gs.double()
@@ -53,8 +54,10 @@ def kernel_algorithm(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 def reference(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """runtime.activations' bits for the same blocks (each block its own row)."""
-    codes, scale = _quantize_codes(x, gs.double()[:, None])
+    """runtime.activations' bits for the same blocks (each block its own row), its bad decode
+    scales made NaN as runtime.activations._decode_scales does."""
+    gs = torch.where((gs > 0) & torch.isfinite(gs), gs.double(), float("nan"))
+    codes, scale = _quantize_codes(x, gs[:, None])
     byte = torch.where(torch.isfinite(x.float()).all(dim=1), scale.view(torch.uint8)[:, 0], 0x7F)
     return _pack_codes(codes), byte
 
@@ -90,6 +93,8 @@ def edge_blocks(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     values[:, 0] = 6 * which[:, 0]
     values *= torch.where(torch.rand(len(near), 16, generator=gen) < 0.5, -1.0, 1.0)
     x[near] = values.to(torch.bfloat16)
+    gs[5::211] = torch.tensor([0.0, -1.0, float("nan"), float("inf")]).repeat(5)[
+        :len(gs[5::211])]  # bad decode scales: the block poisoned
     x[::37, 3] = float("inf")
     x[::53, 7] = float("-inf")
     x[::41, 11] = float("nan")

@@ -13,6 +13,7 @@ from runtime.errors import InputError
 from runtime.formats import blocked_scale_numel
 from runtime.nvfp4 import (
     blocked_scale_offset,
+    from_blocked,
     quantize_activation,
     quantize_nvfp4,
     to_blocked,
@@ -151,24 +152,31 @@ def test_no_tensor_value_is_read_on_the_host(monkeypatch) -> None:
      "x must be bfloat16, float16 or float32, but got torch.float64"),
     ((torch.zeros(4, 4, 64), "offs", "s"), r"x must be 2-D \(T, K\), but got shape \(4, 4, 64\)"),
     ((torch.zeros(4, 40), "offs", "s"), "K must be a positive multiple of 16, but got 40"),
-    ((torch.zeros(4, 64), [4], "s"), "offs must be an int32 or int64 torch.Tensor, but got list"),
+    ((torch.zeros(4, 64), [4], "s"), "offs must be an int32 torch.Tensor, but got list"),
     ((torch.zeros(4, 64), torch.tensor([4.0]), "s"),
-     "offs must be an int32 or int64 torch.Tensor, but got torch.float32"),
+     "offs must be an int32 torch.Tensor, but got torch.float32"),
+    ((torch.zeros(4, 64), torch.tensor([4]), "s"),
+     "offs must be an int32 torch.Tensor, but got torch.int64"),
     ((torch.zeros(4, 64), torch.zeros(0, dtype=torch.int32), "s"),
      r"offs must be 1-D \(E,\) with E > 0, but got shape \(0,\)"),
     ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), "s"),
-     "input_scale must be a float32 torch.Tensor \\(E,\\) or a Python float, but got str"),
+     "input_scale must be a float32 torch.Tensor \\(E,\\) or a real number, but got str"),
     ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), torch.ones(1).double()),
      "input_scale must be float32, but got torch.float64"),
     ((torch.zeros(4, 64), torch.tensor([2, 4], dtype=torch.int32), torch.ones(1)),
      r"input_scale must have shape \(E,\) = \(2,\), but got \(1,\) \(one scale for all: "
      r"\.expand\(2\)\)"),
     ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), 0.0),
-     "input_scale must be positive and finite, but got 0.0"),
-    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), float("inf")),
-     "input_scale must be positive and finite, but got inf"),
+     r"input_scale must be positive and finite in float32, but got 0.0 \(float32: 0.0\)"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), -3),
+     r"input_scale must be positive and finite in float32, but got -3 \(float32: -3.0\)"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), 1e-60),
+     r"input_scale must be positive and finite in float32, but got 1e-60 \(float32: 0.0\)"),
+    ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), 10**400),
+     r"input_scale must be positive and finite in float32, but got 1" + "0" * 39
+     + r" \(float32: inf\)"),  # the repr cut at 40 characters
     ((torch.zeros(4, 64), torch.tensor([4], dtype=torch.int32), True),
-     "input_scale must be a float32 torch.Tensor \\(E,\\) or a Python float, but got bool"),
+     "input_scale must be a float32 torch.Tensor \\(E,\\) or a real number, but got bool"),
 ])
 def test_quantize_experts_errors(args, message) -> None:
     with pytest.raises(InputError, match=f"^{message}$"):
@@ -180,7 +188,8 @@ def test_quantize_experts_errors(args, message) -> None:
     (torch.zeros(0, 4, 64), 1.0, "x must have at least one expert, but got E = 0"),
     (torch.zeros(2, 4, 64), torch.ones(3), r"input_scale must have shape \(E,\) = \(2,\), but "
      r"got \(3,\) \(one scale for all: \.expand\(2\)\)"),
-    (torch.zeros(2, 4, 64), float("nan"), "input_scale must be positive and finite, but got nan"),
+    (torch.zeros(2, 4, 64), float("nan"),
+     r"input_scale must be positive and finite in float32, but got nan \(float32: nan\)"),
 ])
 def test_quantize_masked_errors(x, scale, message) -> None:
     with pytest.raises(InputError, match=f"^{message}$"):
@@ -206,3 +215,70 @@ def test_both_quantizers_trace_whole_under_torch_compile() -> None:
         compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
         for got, want in zip(compiled(*args), fn(*args)):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_a_real_number_input_scale_is_rounded_to_float32_as_quantize_activation_does() -> None:
+    """2^-4 (1 - 2^-40) is 2^-4 in float32. With 2^-4, 0.15625 = 2.5 * 2^-4 is a tie that goes
+    to the even code 4 (2.0): first byte 7 | 4 << 4 = 71. The unrounded number would push it
+    past the tie to code 5 (byte 87)."""
+    s = 2.0 ** -4 * (1 - 2.0 ** -40)
+    x = torch.zeros(1, 16, dtype=torch.bfloat16)
+    x[0, 0], x[0, 1] = 0.375, 0.15625  # 6 and 2.5 times 2^-4
+    offs = torch.tensor([1], dtype=torch.int32)
+    want_a, want_sfa = quantize_activation(x, s)
+    assert int(want_a[0, 0]) == 71
+    for got_a, got_sfa in (quantize_experts(x, offs, s),
+                           quantize_experts(x, offs, torch.tensor([s])),
+                           quantize_masked(x.view(1, 1, 16), s)):
+        assert torch.equal(got_a.reshape(1, 8), want_a)
+        assert torch.equal(got_sfa.view(torch.uint8).reshape(-1)[:16],
+                           want_sfa.view(torch.uint8)[:16])
+
+
+def test_an_expert_with_a_bad_input_scale_gets_nan_scales_and_zero_codes() -> None:
+    """Checking the scales would read them on the host (a sync), so a scale that is not
+    positive and finite poisons its expert's rows instead; the other experts are untouched."""
+    x, offs, scales = routed([4, 4, 4, 4, 4], 64, 0, torch.bfloat16, seed=8)
+    bad = scales.clone()
+    bad[1], bad[2], bad[3] = 0.0, float("nan"), -1.0
+    a, sfa = quantize_experts(x, offs, bad)
+    want_a, want_sfa = quantize_experts(x, offs, scales)
+    assert (a[4:16] == 0).all()
+    assert torch.equal(a[:4], want_a[:4]) and torch.equal(a[16:], want_a[16:])
+    rows = sfa_rows_needed(20, 5)  # expert g's 4 rows start at blocked row 128 g
+    plain = from_blocked(sfa.view(torch.uint8), rows, 64)
+    want = from_blocked(want_sfa.view(torch.uint8), rows, 64)
+    for g in range(5):
+        if g in (1, 2, 3):
+            assert (plain[128 * g:128 * g + 4] == 0x7F).all(), g
+        else:
+            assert torch.equal(plain[128 * g:128 * g + 4], want[128 * g:128 * g + 4]), g
+    am, sm = quantize_masked(x.view(5, 4, 64), bad)
+    assert (am[1:4] == 0).all()
+    for g in range(5):
+        masked_plain = from_blocked(sm[g].view(torch.uint8), 4, 64)
+        assert ((masked_plain == 0x7F).all() == (g in (1, 2, 3))), g
+
+
+def test_no_host_to_device_copy_in_the_quantizers(monkeypatch) -> None:
+    """torch.tensor / as_tensor of host values would be a host-to-device copy on a GPU (a sync,
+    and refused under graph capture); the quantizers build every constant on the device."""
+    x, offs, scales = routed([3, 0, 20, 1], 64, 5, torch.bfloat16, seed=1)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a tensor was built from host values")
+
+    monkeypatch.setattr(torch, "tensor", refuse)
+    monkeypatch.setattr(torch, "as_tensor", refuse)
+    quantize_experts(x, offs, scales)
+    quantize_experts(x, offs, 0.01)
+    quantize_masked(x[:24].reshape(4, 6, 64), scales)
+
+
+def test_inputs_that_require_grad_build_no_autograd_graph() -> None:
+    x, offs, scales = routed([3, 5], 32, 0, torch.float32, seed=2)
+    x.requires_grad_(True)
+    scales.requires_grad_(True)
+    a, sfa = quantize_experts(x, offs, scales)
+    am, sm = quantize_masked(x.view(2, 4, 32), scales)
+    assert all(t.grad_fn is None and not t.requires_grad for t in (a, sfa, am, sm))
