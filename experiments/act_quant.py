@@ -1,9 +1,10 @@
-"""EXPERIMENT, not shipped: an AOT-compiled sm_90a kernel for runtime.activations.quantize_experts
-(bf16 tokens grouped by expert -> NVFP4 codes and scaled_grouped_mm's blocked A scales), one
-thread per 16-element block. The torch path is about 65 small kernels per call; this is one,
-plus a memset of sfa and four E-sized torch ops for its expert tables (act_quant_check.py).
+"""EXPERIMENT, not shipped: AOT-compiled sm_90a kernels for runtime.activations' quantize_experts
+(bf16 tokens grouped by expert -> NVFP4 codes and scaled_grouped_mm's blocked A scales) and
+quantize_masked (the masked layout), one thread per 16-element block. The torch path is about 65
+small kernels per call; this is one, plus a memset of sfa (and for the experts layout four
+E-sized torch ops for its expert tables, act_quant_check.py).
 
-    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out DIR   # DIR/act_quant.{cubin,json}
+    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out DIR   # cubins + act_quant.json
 
 Same bits as runtime.activations, by the same IEEE operations where the reference uses float64
 (the block scale: amax / 6 / gs in f64, to f32, to e4m3, both round to nearest even), and by an
@@ -16,10 +17,12 @@ algorithm, in numpy, matches quantize_nvfp4 on every case of experiments/tests/
 test_act_quant_algorithm.py; the kernel itself has not run (no device in the twenty-fourth
 session): act_quant_check.py compares it with runtime.activations bit for bit on the H200.
 
-Inputs (the launch record in act_quant.json lists them in order): x bf16 (T, K) contiguous, ends
-int32 (E,) = cummax(clamp(offs, 0, T)), pstart int32 (E,) = each expert's first blocked scale
-row (sum of round_up(rows, 128) before it), scales float32 (E,) decode scales, a uint8 (T, K/2)
-out, sfa uint8 out (zeroed by the caller: padding is not written), T, K, E, and T * K / 16.
+Inputs (act_quant.json lists them in order). Experts: x bf16 (T, K) contiguous, ends int32 (E,)
+= cummax(clamp(offs, 0, T)), pstart int32 (E,) = each expert's first blocked scale row (sum of
+round_up(rows, 128) before it), scales float32 (E,) decode scales, a uint8 (T, K/2) out, sfa
+uint8 out (zeroed by the caller: padding is not written), T, K, E, and T * K / 16. Masked: x
+bf16 (E, max_m, K), scales, a (E, max_m, K/2), sfa (E, ...) (zeroed), max_m, K, E, E * max_m *
+K / 16.
 """
 
 from __future__ import annotations
@@ -175,8 +178,47 @@ def st_global_u8(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> N
          [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)
 
 
-class ActQuant:
-    """One thread per (row, 16-element block) of x."""
+def _blocked_offset(row: Any, j: Any, k: Any) -> Any:
+    """runtime.nvfp4.blocked_scale_offset (facts.md) of scale column j of row `row`."""
+    rest_k = (k // 16 + 3) // 4
+    return (((row // 128) * rest_k + j // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4
+            + (j % 4))
+
+
+class _Quantizer:
+    """One thread per (row, 16-element block) of x: what both layouts share."""
+
+    @cute.jit
+    def _block(self, x_addr, gs, a_addr, scale_addr) -> None:
+        """Quantize the 16 bf16 at x_addr with decode scale gs: 8 code bytes to a_addr, the
+        e4m3 block scale to scale_addr."""
+        words = list(ld_global_nc_v4(x_addr)) + list(ld_global_nc_v4(x_addr + 16))
+        values = []
+        for w in words:  # element 2i in the low half of word i
+            values.append(bf16_to_f32(w << Uint32(16)))
+            values.append(bf16_to_f32(w & Uint32(0xFFFF0000)))
+        amax = poison(gs)
+        for v in values:
+            amax = max_nan_abs(amax, v)
+        byte = scale_byte(amax, gs)
+        denom = denominator(byte, gs)
+        ok = usable(amax, denom)
+        down = [threshold(denom, m, False) for m in MIDPOINTS]
+        up = [threshold(denom, m, True) for m in MIDPOINTS]
+        packed = [Uint32(0), Uint32(0)]
+        for i, v in enumerate(values):
+            packed[i // 8] = packed[i // 8] | (e2m1_code(v, down, up, ok) << Uint32(4 * (i % 8)))
+        st_global_v2(a_addr, packed[0], packed[1])
+        # A block holding NaN or inf gets a NaN scale (runtime.activations' convention);
+        # amax is NaN or inf exactly then (or NaN from a bad decode scale, poison()).
+        finite = amax < Float32(float("inf"))
+        if not finite:
+            byte = Uint32(0x7F)
+        st_global_u8(scale_addr, byte)
+
+
+class ActQuantExperts(_Quantizer):
+    """quantize_experts: rows grouped by expert, sfa in scaled_grouped_mm's layout."""
 
     @cute.jit
     def __call__(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
@@ -196,7 +238,7 @@ class ActQuant:
             nb = k // 16
             r = idx // nb
             j = idx - r * nb
-            x_addr, ends_addr = x.toint(), ends.toint()
+            ends_addr = ends.toint()
             a_addr = a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8)
             # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
             lo = Int32(0)
@@ -210,65 +252,77 @@ class ActQuant:
             if lo >= experts:
                 st_global_v2(a_addr, Uint32(0), Uint32(0))  # no expert's row: codes 0
             else:
-                self._block(x_addr + (Int64(r) * Int64(k) + Int64(j * 16)) * 2, ends_addr,
-                            pstart.toint(), scales.toint(), a_addr, sfa.toint(), r, j, k, lo)
+                start = Int32(0)
+                if lo > 0:
+                    start = Int32(ld_global_nc_b32(ends_addr + Int64(lo - 1) * 4))
+                prow = Int32(ld_global_nc_b32(pstart.toint() + Int64(lo) * 4)) + r - start
+                gs = ld_global_nc_f32(scales.toint() + Int64(lo) * 4)
+                self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2, gs, a_addr,
+                            sfa.toint() + Int64(_blocked_offset(prow, j, k)))
+
+
+class ActQuantMasked(_Quantizer):
+    """quantize_masked: x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4))."""
 
     @cute.jit
-    def _block(self, x_addr, ends_addr, pstart_addr, scales_addr, a_addr, sfa_addr, r, j, k,
-               g) -> None:
-        start = Int32(0)
-        if g > 0:
-            start = Int32(ld_global_nc_b32(ends_addr + Int64(g - 1) * 4))
-        prow = Int32(ld_global_nc_b32(pstart_addr + Int64(g) * 4)) + r - start
-        gs = ld_global_nc_f32(scales_addr + Int64(g) * 4)
-        words = list(ld_global_nc_v4(x_addr)) + list(ld_global_nc_v4(x_addr + 16))
-        values = []
-        for w in words:  # element 2i in the low half of word i
-            values.append(bf16_to_f32(w << Uint32(16)))
-            values.append(bf16_to_f32(w & Uint32(0xFFFF0000)))
-        amax = poison(gs)
-        for v in values:
-            amax = max_nan_abs(amax, v)
-        byte = scale_byte(amax, gs)
-        denom = denominator(byte, gs)
-        ok = usable(amax, denom)
-        down = [threshold(denom, m, False) for m in MIDPOINTS]
-        up = [threshold(denom, m, True) for m in MIDPOINTS]
-        packed = [Uint32(0), Uint32(0)]
-        for i, v in enumerate(values):
-            packed[i // 8] = packed[i // 8] | (e2m1_code(v, down, up, ok) << Uint32(4 * (i % 8)))
-        st_global_v2(a_addr, packed[0], packed[1])
-        # A block holding NaN or inf gets a NaN scale (runtime.activations' convention);
-        # amax is NaN or inf exactly then.
-        finite = amax < Float32(float("inf"))
-        if not finite:
-            byte = Uint32(0x7F)
-        rest_k = (k // 16 + 3) // 4
-        offset = (((prow // 128) * rest_k + j // 4) * 512 + (prow % 32) * 16
-                  + ((prow % 128) // 32) * 4 + (j % 4))
-        st_global_u8(sfa_addr + Int64(offset), byte)
+    def __call__(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer,
+                 sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
+                 blocks: Int32) -> None:
+        self.kernel(x, scales, a, sfa, max_m, k, experts, blocks).launch(
+            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1])
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer,
+               max_m: Int32, k: Int32, experts: Int32, blocks: Int32) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        idx = bidx * THREADS + tidx
+        if idx < blocks:
+            nb = k // 16
+            r = idx // nb
+            j = idx - r * nb
+            e = r // max_m
+            expert_bytes = ((max_m + 127) // 128) * 128 * ((nb + 3) // 4) * 4
+            self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
+                        ld_global_nc_f32(scales.toint() + Int64(e) * 4),
+                        a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8),
+                        sfa.toint() + Int64(e) * Int64(expert_bytes)
+                        + Int64(_blocked_offset(r - e * max_m, j, k)))
+
+
+KERNELS = {  # name -> (class, parameter names in launch order)
+    "experts": (ActQuantExperts, ("x", "ends", "pstart", "scales", "a", "sfa", "rows", "k",
+                                  "experts", "blocks")),
+    "masked": (ActQuantMasked, ("x", "scales", "a", "sfa", "max_m", "k", "experts", "blocks")),
+}
 
 
 def build(out: Path) -> dict:
-    """Compile for sm_90a into out/act_quant.cubin (+ .ptx, .json with the launch record)."""
+    """Compile both kernels for sm_90a into out/act_quant_{experts,masked}.cubin (+ .ptx) and
+    out/act_quant.json (symbols, block, parameter order)."""
     if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
         raise SystemExit("error: set CUTE_DSL_ARCH=sm_90a before cutlass is imported")
     ptr = {name: make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
            for name, dtype, align in (("x", cutlass.BFloat16, 16), ("i32", Int32, 4),
                                       ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
-    call = (ptr["x"], ptr["i32"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"],
-            Int32(1), Int32(16), Int32(1), Int32(1))
-    with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
-        compiled = cute.compile(ActQuant(), *call, options=(
-            f"--gpu-arch sm_90a --keep-cubin --keep-ptx --dump-dir {dump}"))
-        cubin, ptx = compiled.__cubin__, compiled.__ptx__
-    symbols = list(compiled.kernel_info)
+    calls = {
+        "experts": (ptr["x"], ptr["i32"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"],
+                    Int32(1), Int32(16), Int32(1), Int32(1)),
+        "masked": (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], Int32(1), Int32(16), Int32(1),
+                   Int32(1)),
+    }
     out.mkdir(parents=True, exist_ok=True)
-    (out / "act_quant.cubin").write_bytes(cubin)
-    (out / "act_quant.ptx").write_text(ptx)
-    record = {"symbol": symbols[0], "block": [THREADS, 1, 1], "threads_per": "16-element block",
-              "params": ["x", "ends", "pstart", "scales", "a", "sfa", "rows", "k", "experts",
-                         "blocks"]}
+    record = {"block": [THREADS, 1, 1], "kernels": {}}
+    for name, (cls, params) in KERNELS.items():
+        with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
+            compiled = cute.compile(cls(), *calls[name], options=(
+                f"--gpu-arch sm_90a --keep-cubin --keep-ptx --dump-dir {dump}"))
+            cubin, ptx = compiled.__cubin__, compiled.__ptx__
+        (out / f"act_quant_{name}.cubin").write_bytes(cubin)
+        (out / f"act_quant_{name}.ptx").write_text(ptx)
+        record["kernels"][name] = {"cubin": f"act_quant_{name}.cubin",
+                                   "symbol": list(compiled.kernel_info)[0],
+                                   "params": list(params)}
     (out / "act_quant.json").write_text(json.dumps(record, indent=1))
     return record
 

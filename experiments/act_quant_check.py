@@ -1,6 +1,7 @@
-"""On the H200: experiments/act_quant.py's kernel against runtime.activations.quantize_experts,
-bit for bit, then both timed in CUDA graphs. No cutlass here: the cubin is loaded with
-cuda.bindings (build it on the CPU machine first and carry the directory).
+"""On the H200: experiments/act_quant.py's kernels against runtime.activations' quantize_experts
+and quantize_masked, bit for bit, then the experts path timed in CUDA graphs. No cutlass here:
+the cubins are loaded with cuda.bindings (build them on the CPU machine first and carry the
+directory).
 
     CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out .act_quant      # CPU machine
     PYTHONPATH=. python experiments/act_quant_check.py --cubin-dir .act_quant  # H200
@@ -28,24 +29,40 @@ for p in (ROOT, ROOT / "bench", ROOT / "tests"):
 
 from cuda.bindings import driver
 
-from runtime.activations import quantize_experts
+from runtime.activations import quantize_experts, quantize_masked
 from runtime.cuda import check
-from runtime.formats import scale_cols
+from runtime.formats import blocked_scale_numel, scale_cols
 from runtime.serving import sfa_rows_needed
 
 
-class ActQuantKernel:
+class ActQuantKernels:
+    """Both kernels of act_quant.json, loaded with cuda.bindings, launched on torch's stream."""
+
     def __init__(self, cubin_dir: Path) -> None:
         record = json.loads((cubin_dir / "act_quant.json").read_text())
         self.block = record["block"][0]
         torch.zeros(1, device="cuda")  # the primary context, current on this thread
-        module = check(driver.cuModuleLoadData((cubin_dir / "act_quant.cubin").read_bytes()),
-                       "cuModuleLoadData")
-        self.function = check(driver.cuModuleGetFunction(module, record["symbol"].encode()),
-                              "cuModuleGetFunction")
+        self.functions = {}
+        for name, k in record["kernels"].items():
+            module = check(driver.cuModuleLoadData((cubin_dir / k["cubin"]).read_bytes()),
+                           "cuModuleLoadData")
+            self.functions[name] = check(driver.cuModuleGetFunction(module, k["symbol"].encode()),
+                                         "cuModuleGetFunction")
 
-    def __call__(self, x: torch.Tensor, offs: torch.Tensor,
-                 scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _launch(self, name: str, pointers: tuple, ints: tuple, blocks: int) -> None:
+        if not blocks:
+            return
+        values = [ctypes.c_uint64(p.data_ptr()) for p in pointers]
+        values += [ctypes.c_int32(v) for v in ints]
+        params = (ctypes.c_void_p * len(values))(
+            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+        check(driver.cuLaunchKernel(self.functions[name], -(-blocks // self.block), 1, 1,
+                                    self.block, 1, 1, 0, torch.cuda.current_stream().cuda_stream,
+                                    ctypes.addressof(params), 0), "cuLaunchKernel")
+
+    def experts(self, x: torch.Tensor, offs: torch.Tensor,
+                scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """quantize_experts through the kernel (its tables by four E-sized torch ops)."""
         t, k = x.shape
         experts = offs.numel()
         ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
@@ -57,15 +74,18 @@ class ActQuantKernel:
         sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
                           device=x.device)
         blocks = t * k // 16
-        if blocks:
-            values = [ctypes.c_uint64(p.data_ptr()) for p in (x, ends, pstart, scales, a, sfa)]
-            values += [ctypes.c_int32(v) for v in (t, k, experts, blocks)]
-            params = (ctypes.c_void_p * len(values))(
-                *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-            grid = -(-blocks // self.block)
-            stream = torch.cuda.current_stream().cuda_stream
-            check(driver.cuLaunchKernel(self.function, grid, 1, 1, self.block, 1, 1, 0, stream,
-                                        ctypes.addressof(params), 0), "cuLaunchKernel")
+        self._launch("experts", (x, ends, pstart, scales, a, sfa), (t, k, experts, blocks),
+                     blocks)
+        return a, sfa.view(torch.float8_e4m3fn)
+
+    def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """quantize_masked through the kernel."""
+        experts, max_m, k = x.shape
+        a = torch.empty(experts, max_m, k // 2, dtype=torch.uint8, device=x.device)
+        sfa = torch.zeros(experts, blocked_scale_numel(max_m, k), dtype=torch.uint8,
+                          device=x.device)
+        blocks = experts * max_m * k // 16
+        self._launch("masked", (x, scales, a, sfa), (max_m, k, experts, blocks), blocks)
         return a, sfa.view(torch.float8_e4m3fn)
 
 
@@ -97,22 +117,40 @@ def cases():
         [10, 5, 900, 3], dtype=torch.int32), torch.full((4,), 0.01)
 
 
+def masked_cases():
+    """(name, x bf16 (E, max_m, K), decode scales (E,)) on the CPU."""
+    from test_act_quant_experiment import edge_blocks
+
+    gen = torch.Generator().manual_seed(6)
+    for experts, max_m, k in ((1, 1, 16), (8, 48, 2048), (32, 129, 7168), (256, 16, 768)):
+        scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).float()
+        x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16)
+        yield f"masked E{experts} max_m {max_m} K{k}", x, scales
+    blocks, gs = edge_blocks(3)  # one expert of one row per block
+    yield "masked edge blocks", blocks.view(-1, 1, 16), gs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cubin-dir", type=Path, default=ROOT / ".act_quant")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    kernel = ActQuantKernel(args.cubin_dir)
+    kernels = ActQuantKernels(args.cubin_dir)
     failed = 0
-    for name, x, offs, scales in cases():
-        x, offs, scales = x.cuda(), offs.cuda(), scales.cuda()
-        got = kernel(x, offs, scales)
-        want = quantize_experts(x, offs, scales)
+
+    def compare(name: str, got: tuple, want: tuple) -> int:
         torch.cuda.synchronize()
         bad = [int((g.view(torch.uint8) != w.view(torch.uint8)).sum()) for g, w in zip(got, want)]
-        failed += any(bad)
         print(f"{'ok ' if not any(bad) else 'BAD'} {name}: differing code bytes {bad[0]}, "
               f"scale bytes {bad[1]}")
+        return int(any(bad))
+
+    for name, x, offs, sc in cases():
+        x, offs, sc = x.cuda(), offs.cuda(), sc.cuda()
+        failed += compare(name, kernels.experts(x, offs, sc), quantize_experts(x, offs, sc))
+    for name, x, sc in masked_cases():
+        x, sc = x.cuda(), sc.cuda()
+        failed += compare(name, kernels.masked(x, sc), quantize_masked(x, sc))
     from bench_grouped import capture, time_graphs
 
     rows = []
@@ -121,7 +159,7 @@ def main() -> int:
         x = torch.randn(t, k, device="cuda").to(torch.bfloat16)
         offs = torch.linspace(t / experts, t, experts, device="cuda").to(torch.int32)
         scales = torch.full((experts,), 0.01, device="cuda")
-        ours = time_graphs([capture(lambda: kernel(x, offs, scales))], args.reps)
+        ours = time_graphs([capture(lambda: kernels.experts(x, offs, scales))], args.reps)
         torch_path = time_graphs([capture(lambda: quantize_experts(x, offs, scales))], args.reps)
         rows.append(f"| {experts} | {k} | {t} | {ours:.1f} | {torch_path:.1f} |")
     print("| E | K | T | kernel path us | torch path us |\n|---|---|---|---|---|")
