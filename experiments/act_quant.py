@@ -189,6 +189,18 @@ class _Quantizer:
     """One thread per (row, 16-element block) of x: what both layouts share."""
 
     @cute.jit
+    def _position(self, x, a, k) -> tuple:
+        """This thread's block: (index, row r, scale column j, its 16 values' address, its 8
+        code bytes' address); the caller checks index < blocks."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        idx = bidx * THREADS + tidx
+        r = idx // (k // 16)
+        j = idx - r * (k // 16)
+        return (idx, r, j, x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
+                a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8))
+
+    @cute.jit
     def _block(self, x_addr, gs, a_addr, scale_addr) -> None:
         """Quantize the 16 bf16 at x_addr with decode scale gs: 8 code bytes to a_addr, the
         e4m3 block scale to scale_addr."""
@@ -231,15 +243,9 @@ class ActQuantExperts(_Quantizer):
     def kernel(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
                scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32,
                experts: Int32, blocks: Int32) -> None:
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        idx = bidx * THREADS + tidx
+        idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
-            nb = k // 16
-            r = idx // nb
-            j = idx - r * nb
             ends_addr = ends.toint()
-            a_addr = a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8)
             # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
             lo = Int32(0)
             hi = experts
@@ -257,8 +263,7 @@ class ActQuantExperts(_Quantizer):
                     start = Int32(ld_global_nc_b32(ends_addr + Int64(lo - 1) * 4))
                 prow = Int32(ld_global_nc_b32(pstart.toint() + Int64(lo) * 4)) + r - start
                 gs = ld_global_nc_f32(scales.toint() + Int64(lo) * 4)
-                self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2, gs, a_addr,
-                            sfa.toint() + Int64(_blocked_offset(prow, j, k)))
+                self._block(x_addr, gs, a_addr, sfa.toint() + Int64(_blocked_offset(prow, j, k)))
 
 
 class ActQuantMasked(_Quantizer):
@@ -274,18 +279,11 @@ class ActQuantMasked(_Quantizer):
     @cute.kernel
     def kernel(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer,
                max_m: Int32, k: Int32, experts: Int32, blocks: Int32) -> None:
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        idx = bidx * THREADS + tidx
+        idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
-            nb = k // 16
-            r = idx // nb
-            j = idx - r * nb
             e = r // max_m
-            expert_bytes = ((max_m + 127) // 128) * 128 * ((nb + 3) // 4) * 4
-            self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
-                        ld_global_nc_f32(scales.toint() + Int64(e) * 4),
-                        a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8),
+            expert_bytes = ((max_m + 127) // 128) * 128 * ((k // 16 + 3) // 4) * 4
+            self._block(x_addr, ld_global_nc_f32(scales.toint() + Int64(e) * 4), a_addr,
                         sfa.toint() + Int64(e) * Int64(expert_bytes)
                         + Int64(_blocked_offset(r - e * max_m, j, k)))
 
