@@ -52,6 +52,14 @@ class ActQuantKernels:
     def _launch(self, name: str, pointers: tuple, ints: tuple, blocks: int) -> None:
         if not blocks:
             return
+        # The kernels index blocks, and the experts layout its scale bytes, in Int32; they
+        # load x in 16-byte and store a in 8-byte vectors (review of 2026-12-05).
+        sfa = pointers[-1]
+        if blocks + 256 >= 2 ** 31 or sfa.numel() >= 2 ** 31:
+            raise ValueError(f"{blocks} blocks / {sfa.numel()} scale bytes: past Int32")
+        x, a = pointers[0], pointers[-2]
+        if not (x.is_contiguous() and x.data_ptr() % 16 == 0 and a.data_ptr() % 8 == 0):
+            raise ValueError("x must be contiguous and 16-byte aligned, a 8-byte aligned")
         values = [ctypes.c_uint64(p.data_ptr()) for p in pointers]
         values += [ctypes.c_int32(v) for v in ints]
         params = (ctypes.c_void_p * len(values))(
