@@ -31,7 +31,14 @@ import torch
 
 from .errors import InputError
 from .formats import SF_VEC
-from .nvfp4 import _check_k, _pack_codes, _quantize_codes, to_blocked_grouped
+from .nvfp4 import (
+    _blocked_bytes,
+    _blocked_grouped,
+    _check_k,
+    _pack_codes,
+    _quantize_codes,
+    _row_experts,
+)
 
 __all__ = ["quantize_experts", "quantize_masked"]
 
@@ -121,14 +128,12 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
         raise InputError(f"offs must be on x's device {x.device}, but got {offs.device}")
     experts = offs.numel()
     scales_e = _decode_scales(input_scale, experts, x.device)
-    t = x.shape[0]
-    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
-    expert = torch.searchsorted(ends, torch.arange(t, device=x.device), right=True)
+    ends, expert = _row_experts(offs, x.shape[0])
     owned = expert < experts  # rows past offs[-1] have expert == E
     row_scale = torch.where(owned, scales_e[expert.clamp(max=experts - 1)], 1.0)
     packed, plain = _quantize_rows(x, row_scale)
     packed = torch.where(owned[:, None], packed, 0)
-    return packed, to_blocked_grouped(plain.view(torch.float8_e4m3fn), offs)
+    return packed, _blocked_grouped(plain, ends, expert).view(torch.float8_e4m3fn)
 
 
 @torch.no_grad()
@@ -146,18 +151,5 @@ def quantize_masked(x: torch.Tensor,
     scales_e = _decode_scales(input_scale, experts, x.device)
     packed, plain = _quantize_rows(x.reshape(experts * max_m, k),
                                    scales_e.repeat_interleave(max_m))
-    return packed.view(experts, max_m, k // 2), _blocked_per_expert(
-        plain.view(experts, max_m, k // SF_VEC)).view(torch.float8_e4m3fn)
-
-
-def _blocked_per_expert(plain: torch.Tensor) -> torch.Tensor:
-    """`to_blocked` of each expert's uint8 plain scales (E, rows, K // 16) at once -> (E,
-    blocked bytes), zero padding: one permute, not E small ones."""
-    experts, rows, cols = plain.shape
-    m_blocks, k_blocks = -(-rows // 128), -(-cols // 4)
-    padded = torch.zeros((experts, m_blocks * 128, k_blocks * 4), dtype=torch.uint8,
-                         device=plain.device)
-    padded[:, :rows, :cols] = plain
-    # to_blocked's order, an expert axis in front: (mb, i4, i32, kb, j4) -> (mb, kb, i32, i4, j4)
-    return padded.view(experts, m_blocks, 4, 32, k_blocks, 4).permute(0, 1, 4, 3, 2, 5).reshape(
-        experts, -1)
+    return (packed.view(experts, max_m, k // 2),
+            _blocked_bytes(plain.view(experts, max_m, k // SF_VEC), 0).view(torch.float8_e4m3fn))

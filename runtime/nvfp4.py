@@ -206,16 +206,31 @@ def to_blocked(scales: torch.Tensor, pad_value: float = 0) -> torch.Tensor:
     rows, cols = s.shape
     if cols == 0:
         raise InputError("scales must have at least one scale column, but got 0")
+    blocked = _blocked_bytes(s, _pad_byte(pad_value, scales.dtype))
+    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+
+
+def _blocked_bytes(s: torch.Tensor, pad: int) -> torch.Tensor:
+    """to_blocked's reordering of uint8 plain scales (..., rows, cols) -> (..., blocked bytes),
+    padding with byte `pad`; leading dimensions (one per expert, say) are kept apart."""
+    *lead, rows, cols = s.shape
     m_blocks = -(-rows // 128)
     k_blocks = -(-cols // 4)
-    padded = torch.full(
-        (m_blocks * 128, k_blocks * 4), _pad_byte(pad_value, scales.dtype),
-        dtype=torch.uint8, device=s.device,
-    )  # fmt: skip
-    padded[:rows, :cols] = s
+    padded = torch.full((*lead, m_blocks * 128, k_blocks * 4), pad, dtype=torch.uint8,
+                        device=s.device)
+    padded[..., :rows, :cols] = s
     # row i = mb*128 + i4*32 + i32, column j = kb*4 + j4  ->  (mb, kb, i32, i4, j4)
-    blocked = padded.view(m_blocks, 4, 32, k_blocks, 4).permute(0, 3, 2, 1, 4).reshape(-1)
-    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+    n = len(lead)
+    order = (*range(n), *(n + d for d in (0, 3, 2, 1, 4)))
+    return padded.view(*lead, m_blocks, 4, 32, k_blocks, 4).permute(order).reshape(*lead, -1)
+
+
+def _row_experts(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' reading of end offsets for t rows, on the device: (ends, clamped to 0..t and
+    made non-decreasing, int64 (E,); each row's expert, E past offs[-1], int64 (t,))."""
+    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+    rows = torch.arange(t, device=offs.device)
+    return ends, torch.searchsorted(ends, rows, right=True)
 
 
 def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -237,23 +252,27 @@ def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor
         raise InputError(f"offs must be on scales' device {s.device}, but got {offs.device}")
     if offs.dim() != 1 or offs.numel() == 0:
         raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
+    blocked = _blocked_grouped(s, *_row_experts(offs, s.shape[0]))
+    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+
+
+def _blocked_grouped(s: torch.Tensor, ends: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """to_blocked_grouped's bytes from uint8 plain scales (T, cols) and _row_experts' (ends,
+    g): each expert's rows scattered to their 128-padded place, then blocked at once."""
     t, cols = s.shape
-    experts = offs.numel()
-    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+    experts = ends.numel()
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])
     padded = (ends - starts + 127) // 128 * 128
     padded_start = torch.cumsum(padded, 0) - padded
-    rows = torch.arange(t, device=s.device)
-    g = torch.searchsorted(ends, rows, right=True)  # E for rows past offs[-1]
     gc = g.clamp(max=experts - 1)
     total = -(-t // 128) * 128 + 128 * experts
     # Dropped rows go to one spare row past the buffer, cut off below (no boolean indexing:
     # that would sync).
+    rows = torch.arange(t, device=s.device)
     dest = torch.where(g < experts, padded_start[gc] + rows - starts[gc], total)
     plain = torch.zeros(total + 1, cols, dtype=torch.uint8, device=s.device)
     plain[dest] = s
-    blocked = to_blocked(plain[:total])
-    return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
+    return _blocked_bytes(plain[:total], 0)
 
 
 def from_blocked(blocked: torch.Tensor, rows: int, k: int) -> torch.Tensor:
