@@ -32,6 +32,7 @@ from cuda.bindings import driver
 from runtime.activations import quantize_experts, quantize_masked
 from runtime.cuda import check
 from runtime.formats import blocked_scale_numel, scale_cols
+from runtime.nvfp4 import _expert_starts, _row_experts
 from runtime.serving import sfa_rows_needed
 
 
@@ -73,10 +74,8 @@ class ActQuantKernels:
         """quantize_experts through the kernel (its tables by four E-sized torch ops)."""
         t, k = x.shape
         experts = offs.numel()
-        ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
-        counts = ends - torch.cat([ends.new_zeros(1), ends[:-1]])
-        padded = (counts + 127) // 128 * 128
-        pstart = (torch.cumsum(padded, 0) - padded).to(torch.int32)
+        ends, _ = _row_experts(offs, t)
+        pstart = _expert_starts(ends)[1].to(torch.int32)
         ends = ends.to(torch.int32)
         a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
         sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,

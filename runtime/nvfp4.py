@@ -256,14 +256,20 @@ def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor
     return blocked if scales.dtype == torch.uint8 else blocked.view(scales.dtype)
 
 
+def _expert_starts(ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From _row_experts' ends: each expert's first row, and its first blocked scale row (the
+    rows before it, each expert's padded to 128)."""
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    padded = (ends - starts + 127) // 128 * 128
+    return starts, torch.cumsum(padded, 0) - padded
+
+
 def _blocked_grouped(s: torch.Tensor, ends: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """to_blocked_grouped's bytes from uint8 plain scales (T, cols) and _row_experts' (ends,
     g): each expert's rows scattered to their 128-padded place, then blocked at once."""
     t, cols = s.shape
     experts = ends.numel()
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    padded = (ends - starts + 127) // 128 * 128
-    padded_start = torch.cumsum(padded, 0) - padded
+    starts, padded_start = _expert_starts(ends)
     gc = g.clamp(max=experts - 1)
     total = -(-t // 128) * 128 + 128 * experts
     # Dropped rows go to one spare row past the buffer, cut off below (no boolean indexing:
