@@ -228,9 +228,14 @@ def _blocked_bytes(s: torch.Tensor, pad: int) -> torch.Tensor:
 def _row_experts(offs: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels' reading of end offsets for t rows, on the device: (ends, clamped to 0..t and
     made non-decreasing, int64 (E,); each row's expert, E past offs[-1], int64 (t,))."""
-    ends = torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
+    ends = _clamped_ends(offs, t)
     rows = torch.arange(t, device=offs.device)
     return ends, torch.searchsorted(ends, rows, right=True)
+
+
+def _clamped_ends(offs: torch.Tensor, t: int) -> torch.Tensor:
+    """End offsets as the kernels read them: clamped to 0..t, made non-decreasing, int64."""
+    return torch.cummax(offs.to(torch.int64).clamp(0, t), dim=0).values
 
 
 def to_blocked_grouped(scales: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
