@@ -5,7 +5,11 @@ beside its bytes floor (read x, write a and the scales, at the copy rate measure
 run).
 
     PYTHONPATH=. python bench/bench_activations.py [--tokens 8 64 512 4096] [--reps 50]
-        [--json F]
+        [--compiled] [--json F]
+
+--compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
+compile for every shape; Inductor fuses the elementwise chain): what an engine that compiles
+its step gets from the torch path without any kernel of ours.
 
 The quantizer is torch operations (float64 rounding decisions): correct and sync-free, not a
 fast kernel. This measures how far from its floor it is, which says whether a kernel is owed.
@@ -18,6 +22,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +56,7 @@ def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor
 
 
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
-               copy_gbs: float) -> dict:
+               copy_gbs: float, compiled: Any = None) -> dict:
     t = tokens * topk
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
@@ -59,19 +64,29 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
              routed_offs(tokens, experts, topk, seed=i)) for i in range(SETS)]
     graphs = [capture(lambda x=x, o=o: quantize_experts(x, o, scales)) for x, o in sets]
     us = time_graphs(graphs, reps)
+    compiled_us = None
+    if compiled is not None:
+        want = quantize_experts(*sets[0], scales)
+        got = compiled(*sets[0], scales)
+        if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+               for g, w in zip(got, want)):
+            raise SystemExit(f"{name} {tokens}: the compiled quantizer's bytes differ")
+        cgraphs = [capture(lambda x=x, o=o: compiled(x, o, scales)) for x, o in sets]
+        compiled_us = round(time_graphs(cgraphs, reps), 1)
     moved = t * k * 2 + t * k // 2 + sfa_rows_needed(t, experts) * (-(-k // 64) * 4)
     floor_us = moved / copy_gbs / 1e3  # copy_gbs counts read + write bytes, as `moved` does
     return {"layer": name, "experts": experts, "k": k, "tokens": tokens, "rows": t,
-            "us": round(us, 1), "floor_us": round(floor_us, 2),
+            "us": round(us, 1), "compiled_us": compiled_us, "floor_us": round(floor_us, 2),
             "floor_pct": round(100 * floor_us / us, 1)}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| input of | E | K | tokens x k | quantize us | bytes floor us | % floor |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| input of | E | K | tokens x k | quantize us | compiled us | bytes floor us "
+             "| % floor |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        compiled = "-" if r.get("compiled_us") is None else r["compiled_us"]
         lines.append(f"| {r['layer']} | {r['experts']} | {r['k']} | {r['tokens']} x "
-                     f"{r['rows'] // r['tokens']} | {r['us']} | {r['floor_us']} | "
+                     f"{r['rows'] // r['tokens']} | {r['us']} | {compiled} | {r['floor_us']} | "
                      f"{r['floor_pct']} |")
     return "\n".join(lines)
 
@@ -80,13 +95,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 64, 512, 4096])
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--compiled", action="store_true",
+                    help="also time torch.compile(quantize_experts) (exactness checked first)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
     _, copy_gbs = measure_ceilings()
-    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs)
+    compiled = (torch.compile(quantize_experts, fullgraph=True, dynamic=True)
+                if args.compiled else None)
+    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled)
             for name, e, k, topk in LAYERS for tok in args.tokens]
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))

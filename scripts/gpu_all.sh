@@ -56,7 +56,7 @@ for s in "${STEPS[@]}"; do
     # The AOT activation-quantization kernel (experiment): build .act_quant on the CPU machine
     # (CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out .act_quant) and carry it.
     act_quant) step act_quant 180 python experiments/act_quant_check.py --cubin-dir .act_quant ;;
-    activations_bench) step activations_bench 240 python bench/bench_activations.py --reps 30 \
+    activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 --compiled \
         --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
