@@ -77,6 +77,8 @@ for s in "${STEPS[@]}"; do
     # Nsight Compute on two decode calls (experiments/ncu.sh writes under $LOG).
     ncu_decode) step ncu_decode 240 bash -c "for s in dsv3_down_e32_decode qwen3_30b_down_decode;
         do OUT=$LOG bash experiments/ncu.sh serving:\$s artifacts; done" ;;
+    # Branch inline-no-a-workspace (3a3557d): see experiments/noa_check.sh.
+    noa) step noa 300 bash experiments/noa_check.sh .artifacts_noa ;;
     *) echo "unknown step $s" ;;
     esac
 done
