@@ -28,9 +28,10 @@ import struct
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from .errors import InputError
-from .formats import SF_VEC
+from .formats import SF_VEC, blocked_scale_numel, scale_cols
 from .nvfp4 import (
     _blocked_bytes,
     _blocked_grouped,
@@ -39,6 +40,7 @@ from .nvfp4 import (
     _quantize_codes,
     _row_experts,
 )
+from .serving import sfa_rows_needed
 
 __all__ = ["quantize_experts", "quantize_masked"]
 
@@ -126,14 +128,8 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
         raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
     if offs.device != x.device:
         raise InputError(f"offs must be on x's device {x.device}, but got {offs.device}")
-    experts = offs.numel()
-    scales_e = _decode_scales(input_scale, experts, x.device)
-    ends, expert = _row_experts(offs, x.shape[0])
-    owned = expert < experts  # rows past offs[-1] have expert == E
-    row_scale = torch.where(owned, scales_e[expert.clamp(max=experts - 1)], 1.0)
-    packed, plain = _quantize_rows(x, row_scale)
-    packed = torch.where(owned[:, None], packed, 0)
-    return packed, _blocked_grouped(plain, ends, expert).view(torch.float8_e4m3fn)
+    scales_e = _decode_scales(input_scale, offs.numel(), x.device)
+    return torch.ops.nvfp4.quantize_experts(x, offs, scales_e)
 
 
 @torch.no_grad()
@@ -148,8 +144,46 @@ def quantize_masked(x: torch.Tensor,
     experts, max_m, k = x.shape
     if experts == 0:
         raise InputError("x must have at least one expert, but got E = 0")
-    scales_e = _decode_scales(input_scale, experts, x.device)
+    return torch.ops.nvfp4.quantize_masked(x, _decode_scales(input_scale, experts, x.device))
+
+
+# The work is one custom op per layout, opaque to torch.compile: Inductor must not fuse these
+# float64 and bit operations into its own kernels (on the H200 its Triton compile of them
+# failed, PassManager::run in make_llir, 2026-12-05). Inside a compiled or captured step each
+# runs as its own eager torch ops, which read nothing on the host. `scales` is
+# _decode_scales' float64 (E,): the checks are done before the op is called.
+
+
+@torch.library.custom_op("nvfp4::quantize_experts", mutates_args=())
+def _quantize_experts_op(x: Tensor, offs: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    experts = offs.numel()
+    ends, expert = _row_experts(offs, x.shape[0])
+    owned = expert < experts  # rows past offs[-1] have expert == E
+    row_scale = torch.where(owned, scales[expert.clamp(max=experts - 1)], 1.0)
+    packed, plain = _quantize_rows(x, row_scale)
+    packed = torch.where(owned[:, None], packed, 0)
+    return packed, _blocked_grouped(plain, ends, expert).view(torch.float8_e4m3fn)
+
+
+@_quantize_experts_op.register_fake
+def _quantize_experts_fake(x: Tensor, offs: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    t, k = x.shape
+    return (x.new_empty((t, k // 2), dtype=torch.uint8),
+            x.new_empty((sfa_rows_needed(t, offs.shape[0]) * scale_cols(k),),
+                        dtype=torch.float8_e4m3fn))
+
+
+@torch.library.custom_op("nvfp4::quantize_masked", mutates_args=())
+def _quantize_masked_op(x: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    experts, max_m, k = x.shape
     packed, plain = _quantize_rows(x.reshape(experts * max_m, k),
-                                   scales_e.repeat_interleave(max_m))
+                                   scales.repeat_interleave(max_m))
     return (packed.view(experts, max_m, k // 2),
             _blocked_bytes(plain.view(experts, max_m, k // SF_VEC), 0).view(torch.float8_e4m3fn))
+
+
+@_quantize_masked_op.register_fake
+def _quantize_masked_fake(x: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    experts, max_m, k = x.shape
+    return (x.new_empty((experts, max_m, k // 2), dtype=torch.uint8),
+            x.new_empty((experts, blocked_scale_numel(max_m, k)), dtype=torch.float8_e4m3fn))

@@ -174,3 +174,24 @@ def test_quantize_masked_then_masked_grouped_mm(gg) -> None:  # noqa: F811
                                          [w.sfb[g]], [(m, n, k)], alpha=[float(scales[g])],
                                          out_dtype=torch.bfloat16)[0]
             assert torch.equal(out[g, :m], ref), f"{e.name}: expert {g}"
+
+
+def test_inductor_compiles_a_step_that_quantizes() -> None:
+    """torch.compile's default backend (Inductor, Triton kernels on the GPU) on a function that
+    quantizes and does torch work around it: the bits equal eager. Traced through, Inductor's
+    Triton compile of the quantizer's float64 and bit operations failed on the H200
+    (2026-12-05); the quantizers are opaque ops since."""
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    experts, k = 16, 256
+    x = (torch.randn(100, k, generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    offs = torch.tensor([6 * g + 3 for g in range(experts)], dtype=torch.int32, device="cuda")
+    scales = torch.full((experts,), 0.02, device="cuda")
+
+    def step(x, offs, scales):
+        a, sfa = quantize_experts(torch.relu(x) * 2, offs, scales)
+        am, sfam = quantize_masked((x[:96] + 1).reshape(experts, 6, k), scales)
+        return a, sfa, am, sfam
+
+    compiled = torch.compile(step, fullgraph=True)
+    for got, want in zip(compiled(x, offs, scales), step(x, offs, scales)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
