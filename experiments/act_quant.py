@@ -1,8 +1,7 @@
 """EXPERIMENT, not shipped: AOT-compiled sm_90a kernels for runtime.activations' quantize_experts
 (bf16 tokens grouped by expert -> NVFP4 codes and scaled_grouped_mm's blocked A scales) and
 quantize_masked (the masked layout), one thread per 16-element block. The torch path is about 65
-small kernels per call; this is one, plus a memset of sfa (and for the experts layout four
-E-sized torch ops for its expert tables, act_quant_check.py).
+small kernels per call; this is one, plus a memset of sfa.
 
     CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out DIR   # cubins + act_quant.json
 
@@ -14,15 +13,20 @@ denom = scale * gs. Each product has at most 3 + 4 + 24 bits, so it is exact in 
 its f32 round-up. The reference's f64 quotient cannot flip a comparison or a tie either: an
 unequal quotient sits at least 2^-31 (relative) away from a midpoint, its rounding 2^-53. The
 algorithm, in numpy, matches quantize_nvfp4 on every case of experiments/tests/
-test_act_quant_algorithm.py; the kernel itself has not run (no device in the twenty-fourth
-session): act_quant_check.py compares it with runtime.activations bit for bit on the H200.
+test_act_quant_experiment.py; act_quant_check.py compares the kernels with runtime.activations
+bit for bit on the H200.
 
-Inputs (act_quant.json lists them in order). Experts: x bf16 (T, K) contiguous, ends int32 (E,)
-= cummax(clamp(offs, 0, T)), pstart int32 (E,) = each expert's first blocked scale row (sum of
-round_up(rows, 128) before it), scales float32 (E,) decode scales, a uint8 (T, K/2) out, sfa
-uint8 out (zeroed by the caller: padding is not written), T, K, E, and T * K / 16. Masked: x
-bf16 (E, max_m, K), scales, a (E, max_m, K/2), sfa (E, ...) (zeroed), max_m, K, E, E * max_m *
-K / 16.
+Inputs (act_quant.json lists them in order). Experts: x bf16 (T, K) contiguous, offs int32 (E,)
+as scaled_grouped_mm takes them (E <= MAX_EXPERTS; every CTA derives ends = cummax(clamp(offs,
+0, T)) and each expert's first blocked scale row in shared memory), scales float32 (E,) decode
+scales, a uint8 (T, K/2) out, sfa uint8 out (zeroed by the caller: padding is not written), T,
+K, E, and T * K / 16. Masked: x bf16 (E, max_m, K), scales, a (E, max_m, K/2), sfa (E, ...)
+(zeroed), max_m, K, E, E * max_m * K / 16.
+
+GPU record (2026-12-05, H200, 9d0d6d1, when the experts kernel still took its tables from four
+torch ops): both kernels bit-equal to runtime.activations on every case of act_quant_check.py;
+at 512 rows the kernel took 6.4-14.3 us, its path with the table ops and the memset 28-41 us,
+the torch path 172-498 us (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from kernels.sm90.ptx import _asm, _i64, _ir, ld_global_nc_v4
 
 THREADS = 256
+# The experts kernel's tables in shared memory: up to MAX_EXPERTS experts (ends and pstart),
+# plus one scan cell per thread.
+EXPERTS_PER_THREAD = 4
+MAX_EXPERTS = THREADS * EXPERTS_PER_THREAD
+TABLE_SMEM_BYTES = (2 * MAX_EXPERTS + THREADS) * 4 + 64
 # e2m1 rounding midpoints (runtime.nvfp4._E2M1_MIDPOINTS) as PTX f64 literals.
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -230,28 +239,83 @@ class _Quantizer:
 
 
 class ActQuantExperts(_Quantizer):
-    """quantize_experts: rows grouped by expert, sfa in scaled_grouped_mm's layout."""
+    """quantize_experts: rows grouped by expert, sfa in scaled_grouped_mm's layout. Every CTA
+    derives the expert tables from the raw offs into shared memory first (one launch, no torch
+    ops before it): ends = cummax(clamp(offs, 0, T)) and pstart (each expert's first blocked
+    scale row, the sum of round_up(rows, 128) before it), by a thread-local scan of
+    EXPERTS_PER_THREAD experts each and a block scan of the threads' totals."""
 
     @cute.jit
-    def __call__(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
-                 scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer, rows: Int32,
-                 k: Int32, experts: Int32, blocks: Int32) -> None:
-        self.kernel(x, ends, pstart, scales, a, sfa, rows, k, experts, blocks).launch(
-            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1])
+    def __call__(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
+                 a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32, experts: Int32,
+                 blocks: Int32) -> None:
+        self.kernel(x, offs, scales, a, sfa, rows, k, experts, blocks).launch(
+            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
+            smem=TABLE_SMEM_BYTES)
+
+    @cute.jit
+    def _block_scan(self, scan, tid, value, is_max: bool):
+        """Inclusive scan (max or +) of one value per thread across the CTA (Hillis-Steele in
+        shared memory); returns the exclusive prefix of thread tid."""
+        scan[tid] = value
+        cute.arch.sync_threads()
+        for d in (1, 2, 4, 8, 16, 32, 64, 128):
+            v = scan[tid]
+            if tid >= d:
+                if is_max:
+                    v = cutlass.max(v, scan[tid - d])
+                else:
+                    v = v + scan[tid - d]
+            cute.arch.sync_threads()
+            scan[tid] = v
+            cute.arch.sync_threads()
+        prefix = Int32(0)
+        if tid > 0:
+            prefix = scan[tid - 1]
+        cute.arch.sync_threads()  # the scratch is reused by the next scan
+        return prefix
 
     @cute.kernel
-    def kernel(self, x: cute.Pointer, ends: cute.Pointer, pstart: cute.Pointer,
-               scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32,
-               experts: Int32, blocks: Int32) -> None:
+    def kernel(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
+               a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32, experts: Int32,
+               blocks: Int32) -> None:
+        tid, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        ends = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
+        pstart = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
+        scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        first = tid * EXPERTS_PER_THREAD
+        # ends: clamp, then the running max within this thread's experts, then across threads.
+        run = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            v = Int32(0)
+            if first + j < experts:
+                v = cutlass.min(cutlass.max(
+                    Int32(ld_global_nc_b32(offs.toint() + Int64(first + j) * 4)), Int32(0)), rows)
+            run = cutlass.max(run, v)
+            ends[first + j] = run
+        carry = self._block_scan(scan, tid, run, True)
+        before = carry  # ends[first - 1]: the last end before this thread's experts
+        total = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            e = cutlass.max(ends[first + j], carry)
+            ends[first + j] = e
+            pstart[first + j] = total
+            total = total + (e - before + 127) // 128 * 128
+            before = e
+        carry = self._block_scan(scan, tid, total, False)
+        for j in range(EXPERTS_PER_THREAD):
+            pstart[first + j] = pstart[first + j] + carry
+        cute.arch.sync_threads()
+
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
-            ends_addr = ends.toint()
             # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
             lo = Int32(0)
             hi = experts
             while lo < hi:
                 mid = (lo + hi) // 2
-                if Int32(ld_global_nc_b32(ends_addr + Int64(mid) * 4)) > r:
+                if ends[mid] > r:
                     hi = mid
                 else:
                     lo = mid + 1
@@ -260,8 +324,8 @@ class ActQuantExperts(_Quantizer):
             else:
                 start = Int32(0)
                 if lo > 0:
-                    start = Int32(ld_global_nc_b32(ends_addr + Int64(lo - 1) * 4))
-                prow = Int32(ld_global_nc_b32(pstart.toint() + Int64(lo) * 4)) + r - start
+                    start = ends[lo - 1]
+                prow = pstart[lo] + r - start
                 gs = ld_global_nc_f32(scales.toint() + Int64(lo) * 4)
                 self._block(x_addr, gs, a_addr, sfa.toint() + Int64(_blocked_offset(prow, j, k)))
 
@@ -289,8 +353,8 @@ class ActQuantMasked(_Quantizer):
 
 
 KERNELS = {  # name -> (class, parameter names in launch order)
-    "experts": (ActQuantExperts, ("x", "ends", "pstart", "scales", "a", "sfa", "rows", "k",
-                                  "experts", "blocks")),
+    "experts": (ActQuantExperts, ("x", "offs", "scales", "a", "sfa", "rows", "k", "experts",
+                                  "blocks")),
     "masked": (ActQuantMasked, ("x", "scales", "a", "sfa", "max_m", "k", "experts", "blocks")),
 }
 
@@ -304,13 +368,13 @@ def build(out: Path) -> dict:
            for name, dtype, align in (("x", cutlass.BFloat16, 16), ("i32", Int32, 4),
                                       ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
     calls = {
-        "experts": (ptr["x"], ptr["i32"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"],
-                    Int32(1), Int32(16), Int32(1), Int32(1)),
+        "experts": (ptr["x"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"], Int32(1),
+                    Int32(16), Int32(1), Int32(1)),
         "masked": (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], Int32(1), Int32(16), Int32(1),
                    Int32(1)),
     }
     out.mkdir(parents=True, exist_ok=True)
-    record = {"block": [THREADS, 1, 1], "kernels": {}}
+    record = {"block": [THREADS, 1, 1], "max_experts": MAX_EXPERTS, "kernels": {}}
     for name, (cls, params) in KERNELS.items():
         with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
             compiled = cute.compile(cls(), *calls[name], options=(
@@ -320,7 +384,8 @@ def build(out: Path) -> dict:
         (out / f"act_quant_{name}.ptx").write_text(ptx)
         record["kernels"][name] = {"cubin": f"act_quant_{name}.cubin",
                                    "symbol": list(compiled.kernel_info)[0],
-                                   "params": list(params)}
+                                   "params": list(params),
+                                   "smem": TABLE_SMEM_BYTES if name == "experts" else 0}
     (out / "act_quant.json").write_text(json.dumps(record, indent=1))
     return record
 

@@ -32,7 +32,6 @@ from cuda.bindings import driver
 from runtime.activations import quantize_experts, quantize_masked
 from runtime.cuda import check
 from runtime.formats import blocked_scale_numel, scale_cols
-from runtime.nvfp4 import _clamped_ends, _expert_starts
 from runtime.serving import sfa_rows_needed
 
 
@@ -42,6 +41,8 @@ class ActQuantKernels:
     def __init__(self, cubin_dir: Path) -> None:
         record = json.loads((cubin_dir / "act_quant.json").read_text())
         self.block = record["block"][0]
+        self.max_experts = record["max_experts"]
+        self.smem = {name: k["smem"] for name, k in record["kernels"].items()}
         torch.zeros(1, device="cuda")  # the primary context, current on this thread
         self.functions = {}
         for name, k in record["kernels"].items():
@@ -66,23 +67,22 @@ class ActQuantKernels:
         params = (ctypes.c_void_p * len(values))(
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
         check(driver.cuLaunchKernel(self.functions[name], -(-blocks // self.block), 1, 1,
-                                    self.block, 1, 1, 0, torch.cuda.current_stream().cuda_stream,
+                                    self.block, 1, 1, self.smem[name],
+                                    torch.cuda.current_stream().cuda_stream,
                                     ctypes.addressof(params), 0), "cuLaunchKernel")
 
     def experts(self, x: torch.Tensor, offs: torch.Tensor,
                 scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """quantize_experts through the kernel (its tables by four E-sized torch ops)."""
+        """quantize_experts through the kernel (it derives its expert tables from offs)."""
         t, k = x.shape
         experts = offs.numel()
-        ends = _clamped_ends(offs, t)  # the kernel finds each row's expert itself
-        pstart = _expert_starts(ends)[1].to(torch.int32)
-        ends = ends.to(torch.int32)
+        if experts > self.max_experts:
+            raise ValueError(f"{experts} experts: the kernel's tables hold {self.max_experts}")
         a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
         sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
                           device=x.device)
         blocks = t * k // 16
-        self._launch("experts", (x, ends, pstart, scales, a, sfa), (t, k, experts, blocks),
-                     blocks)
+        self._launch("experts", (x, offs, scales, a, sfa), (t, k, experts, blocks), blocks)
         return a, sfa.view(torch.float8_e4m3fn)
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +102,8 @@ def cases():
 
     gen = torch.Generator().manual_seed(5)
     for experts, k, tokens, skew in ((1, 16, 37, 0), (8, 48, 300, 0), (128, 2048, 512, 1),
-                                     (256, 7168, 64, 1), (32, 2048, 4096, 0), (128, 768, 1, 0)):
+                                     (256, 7168, 64, 1), (32, 2048, 4096, 0), (128, 768, 1, 0),
+                                     (1000, 64, 3000, 1), (1024, 32, 20000, 0)):
         t = tokens
         counts = torch.multinomial(torch.ones(experts) if not skew else
                                    torch.arange(experts, 0, -1).float() ** 3, t,
@@ -117,11 +118,19 @@ def cases():
     for seed in range(3):
         # The CPU test's edge blocks (ties, near-ties, NaN, inf, ...) with each block's own
         # decode scale: K = 16, one row and one expert per block.
+        # At most MAX_EXPERTS (1024) experts per call: 1024 rows at a time.
         blocks, gs = edge_blocks(seed)
-        offs = torch.arange(1, len(blocks) + 1, dtype=torch.int32)
-        yield f"edge blocks, seed {seed}", blocks, offs, gs
+        for i in range(0, len(blocks), 1024):
+            part = blocks[i:i + 1024]
+            offs = torch.arange(1, len(part) + 1, dtype=torch.int32)
+            yield f"edge blocks, seed {seed}, rows {i}+", part, offs, gs[i:i + 1024]
     yield "decreasing offs past T", torch.randn(64, 32).bfloat16(), torch.tensor(
         [10, 5, 900, 3], dtype=torch.int32), torch.full((4,), 0.01)
+    # Bad offs across the table scan's thread boundaries (4 experts per thread): negative,
+    # decreasing and past-T ends, clamped and made non-decreasing as runtime.activations does.
+    bad = torch.randint(-50, 700, (777,), generator=gen, dtype=torch.int32)
+    yield "random offs (E 777, T 600)", torch.randn(600, 48).bfloat16(), bad, torch.full(
+        (777,), 0.02)
 
 
 def masked_cases():
@@ -170,17 +179,13 @@ def main() -> int:
         scales = torch.full((experts,), 0.01, device="cuda")
         ours = time_graphs([capture(lambda: kernels.experts(x, offs, scales))], args.reps)
         torch_path = time_graphs([capture(lambda: quantize_experts(x, offs, scales))], args.reps)
-        # The kernel alone, its tables and outputs made beforehand: what the path costs
-        # besides the tables' four torch ops and the memset.
-        ends = _clamped_ends(offs, t)
-        pstart = _expert_starts(ends)[1].to(torch.int32)
-        ends = ends.to(torch.int32)
+        # The kernel alone, its outputs made beforehand: the path is it and sfa's memset.
         a = torch.empty(t, k // 2, dtype=torch.uint8, device="cuda")
         sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
                           device="cuda")
         blocks = t * k // 16
         alone = time_graphs([capture(lambda: kernels._launch(
-            "experts", (x, ends, pstart, scales, a, sfa), (t, k, experts, blocks), blocks))],
+            "experts", (x, offs, scales, a, sfa), (t, k, experts, blocks), blocks))],
             args.reps)
         moved = t * k * 2 + t * k // 2 + sfa.numel()
         rows.append(f"| {experts} | {k} | {t} | {alone:.1f} | {ours:.1f} | {torch_path:.1f} | "

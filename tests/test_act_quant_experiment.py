@@ -16,7 +16,13 @@ import pytest
 import torch
 from conftest import requires_dsl
 
-from runtime.nvfp4 import _E2M1_MIDPOINTS, _pack_codes, _quantize_codes
+from runtime.nvfp4 import (
+    _E2M1_MIDPOINTS,
+    _clamped_ends,
+    _expert_starts,
+    _pack_codes,
+    _quantize_codes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 E4M3 = torch.float8_e4m3fn
@@ -143,3 +149,60 @@ def test_act_quant_kernels_compile_without_local_memory(tmp_path) -> None:
     for k in record["kernels"].values():
         require_no_stack_frame((tmp_path / k["cubin"]).read_bytes(), k["symbol"],
                                "act_quant should keep its values in registers")
+
+
+def kernel_tables(offs: list[int], t: int, threads: int = 256,
+                  per_thread: int = 4) -> tuple[list[int], list[int]]:
+    """ActQuantExperts' shared-memory tables, step for step: each thread's clamped running max
+    over its experts, a Hillis-Steele max scan of the threads' totals, then the padded rows'
+    thread-local exclusive sums and a Hillis-Steele sum scan (the kernel's barriers separate
+    the reads of one step from its writes, as the list copies do here)."""
+    n = threads * per_thread
+    ends, pstart = [0] * n, [0] * n
+
+    def block_scan(values: list[int], op) -> list[int]:
+        scan = list(values)
+        for d in (1, 2, 4, 8, 16, 32, 64, 128):
+            scan = [op(scan[i], scan[i - d]) if i >= d else scan[i] for i in range(threads)]
+        return [scan[i - 1] if i else 0 for i in range(threads)]
+
+    runs = []
+    for tid in range(threads):
+        run = 0
+        for j in range(per_thread):
+            i = tid * per_thread + j
+            v = min(max(offs[i], 0), t) if i < len(offs) else 0
+            run = max(run, v)
+            ends[i] = run
+        runs.append(run)
+    carries = block_scan(runs, max)
+    totals = []
+    for tid in range(threads):
+        before, total = carries[tid], 0
+        for j in range(per_thread):
+            i = tid * per_thread + j
+            ends[i] = max(ends[i], carries[tid])
+            pstart[i] = total
+            total += (ends[i] - before + 127) // 128 * 128
+            before = ends[i]
+        totals.append(total)
+    sums = block_scan(totals, lambda a, b: a + b)
+    for tid in range(threads):
+        for j in range(per_thread):
+            pstart[tid * per_thread + j] += sums[tid]
+    return ends[:len(offs)], pstart[:len(offs)]
+
+
+@pytest.mark.parametrize("experts", [1, 3, 4, 5, 255, 256, 257, 777, 1024])
+def test_the_kernels_expert_tables_are_runtime_activations(experts) -> None:
+    """The tables the experts kernel derives in shared memory equal runtime.activations' own
+    (clamped, non-decreasing ends; 128-padded first scale rows), for valid and bad offs and
+    expert counts across the 4-per-thread and 256-thread boundaries."""
+    gen = torch.Generator().manual_seed(experts)
+    t = 3000
+    for offs in (torch.randint(0, 40, (experts,), generator=gen).cumsum(0).to(torch.int32),
+                 torch.randint(-60, t + 60, (experts,), generator=gen, dtype=torch.int32)):
+        ends, pstart = kernel_tables(offs.tolist(), t)
+        want_ends = _clamped_ends(offs, t)
+        assert ends == want_ends.tolist()
+        assert pstart == _expert_starts(want_ends)[1].tolist()
