@@ -84,7 +84,8 @@ for tile_m, tile_n in ((16, 256), (32, 256), (32, 192)):
         "fp16_a_tma": len(re.findall(r"cp\\.async\\.bulk\\.tensor\\.2d", k.ptx)),
         "st_shared_v4": len(re.findall(r"st\\.shared\\.v4\\.b32", k.ptx)),
         "fence_async_shared": len(re.findall(r"fence\\.proxy\\.async\\.shared::cta", k.ptx)),
-        "wgmma_n": sorted(set(re.findall(r"m64n(\\d+)k16", k.ptx)))}
+        "wgmma_n": sorted(set(re.findall(r"m64n(\\d+)k16", k.ptx))),
+        "a_bytes": k.tables["tensormap_workspace"].get("bytes_per_a_element", 0)}
 print(json.dumps(out))
 """
 
@@ -102,3 +103,4 @@ def test_inline_a_builds_past_the_guards_without_phase_1() -> None:
         assert got["fence_async_shared"] >= 1, key
         assert got["st_shared_v4"] >= 4, key
         assert got["wgmma_n"] == [key.split(".")[0]], key
+        assert got["a_bytes"] == 0, key  # no phase 1: no fp16 A area in the workspace

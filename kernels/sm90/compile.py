@@ -97,7 +97,8 @@ def compile_kernel(config: Config, *, arch: str, groups: list[tuple[int, int, in
         tables=tables.tables_record(
             gemm.desc_sets * tma.MAPS_PER_SET,
             header_bytes=gemm.header_bytes,
-            bytes_per_a_element=2,
+            # Phase 1's fp16 copy of A; inline_a converts A into shared memory instead.
+            bytes_per_a_element=0 if config.inline_a else 2,
             extra_bytes_per_cta=gemm.trace_bytes),
         constraints={"groups": [list(g) for g in groups], "k_multiple": k_multiple(config),
                      "n_multiple": N_MULTIPLE},
