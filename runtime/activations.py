@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .errors import InputError
-from .formats import SF_VEC, blocked_scale_numel, scale_cols
+from .formats import SF_VEC, blocked_scale_numel, scale_cols, sfa_rows_needed
 from .nvfp4 import (
     _blocked_bytes,
     _blocked_grouped,
@@ -40,7 +40,6 @@ from .nvfp4 import (
     _quantize_codes,
     _row_experts,
 )
-from .serving import sfa_rows_needed
 
 __all__ = ["quantize_experts", "quantize_masked"]
 

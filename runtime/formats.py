@@ -52,6 +52,12 @@ def blocked_scale_numel(rows: int, k: int) -> int:
     return (rows + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS * scale_cols(k)
 
 
+def sfa_rows_needed(t: int, experts: int) -> int:
+    """Blocked A-scale rows that hold any routing of t rows over `experts` experts, each
+    expert's rows padded to 128: round_up(t, 128) + 128 * experts (scaled_grouped_mm's sfa)."""
+    return (t + SCALE_ROWS - 1) // SCALE_ROWS * SCALE_ROWS + SCALE_ROWS * experts
+
+
 # Device-offsets kernels (Config.device_offsets; the serving contract, issue 26): each CTA
 # derives the three tables above from the call's offsets itself, into its own slot of the
 # workspace placed after the CTAs' descriptor sets: the pointers first (8-byte cells), then the

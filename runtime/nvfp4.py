@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from .errors import InputError
-from .formats import SF_VEC
+from .formats import SF_VEC, sfa_rows_needed
 from .formats import blocked_scale_numel as _blocked_scale_numel
 
 __all__ = [
@@ -276,7 +276,7 @@ def _blocked_grouped(s: torch.Tensor, ends: torch.Tensor, g: torch.Tensor) -> to
     experts = ends.numel()
     starts, padded_start = _expert_starts(ends)
     gc = g.clamp(max=experts - 1)
-    total = -(-t // 128) * 128 + 128 * experts
+    total = sfa_rows_needed(t, experts)
     # Dropped rows go to one spare row past the buffer, cut off below (no boolean indexing:
     # that would sync).
     rows = torch.arange(t, device=s.device)

@@ -45,7 +45,7 @@ import torch
 from . import validate
 from .dispatch import MN_LIMIT, dynamic_groups
 from .errors import InputError, NoKernelError
-from .formats import blocked_scale_numel, offsets_tables_bytes, scale_cols
+from .formats import blocked_scale_numel, offsets_tables_bytes, scale_cols, sfa_rows_needed
 from .manifest import KernelEntry
 from .plan import TABLE_ALIGN, Plan, _layout, grid_size, ones_image
 from .validate import (
@@ -59,12 +59,6 @@ from .validate import (
     check_out_overlap,
     out_dtype_name,
 )
-
-
-def sfa_rows_needed(t: int, experts: int) -> int:
-    """Blocked A-scale rows that hold any routing of t rows over `experts` experts, each
-    expert's rows padded to 128: round_up(t, 128) + 128 * experts."""
-    return -(-t // 128) * 128 + 128 * experts
 
 
 def _tensor(name: str, t: Any, dtypes: tuple, names: str, dims: int, shape_text: str
