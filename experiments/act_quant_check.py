@@ -73,17 +73,24 @@ class ActQuantKernels:
 
     def experts(self, x: torch.Tensor, offs: torch.Tensor,
                 scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """quantize_experts through the kernel (it derives its expert tables from offs)."""
+        """quantize_experts through the kernel (it derives its expert tables from offs): the
+        outputs allocated (sfa zeroed), then launch_experts."""
+        t, k = x.shape
+        a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
+        sfa = torch.zeros(sfa_rows_needed(t, offs.numel()) * scale_cols(k), dtype=torch.uint8,
+                          device=x.device)
+        self.launch_experts(x, offs, scales, a, sfa)
+        return a, sfa.view(torch.float8_e4m3fn)
+
+    def launch_experts(self, x: torch.Tensor, offs: torch.Tensor, scales: torch.Tensor,
+                       a: torch.Tensor, sfa: torch.Tensor) -> None:
+        """The experts kernel alone, into a and a zeroed sfa."""
         t, k = x.shape
         experts = offs.numel()
         if experts > self.max_experts:
             raise ValueError(f"{experts} experts: the kernel's tables hold {self.max_experts}")
-        a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
-        sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
-                          device=x.device)
         blocks = t * k // 16
         self._launch("experts", (x, offs, scales, a, sfa), (t, k, experts, blocks), blocks)
-        return a, sfa.view(torch.float8_e4m3fn)
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """quantize_masked through the kernel."""
@@ -180,13 +187,9 @@ def main() -> int:
         ours = time_graphs([capture(lambda: kernels.experts(x, offs, scales))], args.reps)
         torch_path = time_graphs([capture(lambda: quantize_experts(x, offs, scales))], args.reps)
         # The kernel alone, its outputs made beforehand: the path is it and sfa's memset.
-        a = torch.empty(t, k // 2, dtype=torch.uint8, device="cuda")
-        sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
-                          device="cuda")
-        blocks = t * k // 16
-        alone = time_graphs([capture(lambda: kernels._launch(
-            "experts", (x, offs, scales, a, sfa), (t, k, experts, blocks), blocks))],
-            args.reps)
+        a, sfa = kernels.experts(x, offs, scales)
+        alone = time_graphs([capture(lambda: kernels.launch_experts(x, offs, scales, a, sfa))],
+                            args.reps)
         moved = t * k * 2 + t * k // 2 + sfa.numel()
         rows.append(f"| {experts} | {k} | {t} | {alone:.1f} | {ours:.1f} | {torch_path:.1f} | "
                     f"{moved / copy_gbs / 1e3:.2f} |")
