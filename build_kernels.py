@@ -144,7 +144,7 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
     from builder.build import BuildFailed
     from builder.build import build as run_build
     from builder.families import load_families
-    from builder.plan import expand, parse_shard
+    from builder.plan import expand, expand_quantizers, parse_shard
     from builder.plan import shard as take_shard
     from builder.report import summary_table
     from builder.selection import Selection, SelectionError, spec_fingerprint
@@ -179,7 +179,8 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
         report = run_build(items, Path(out), families, jobs=jobs, force=force,
                            keep_going=keep_going, lock_timeout=lock_timeout,
                            on_result=progress.result, on_plan=progress.plan,
-                           selection=selection, on_lock_wait=_say)
+                           selection=selection, on_lock_wait=_say,
+                           quantizers=expand_quantizers(spec, families))
     except SelectionError as exc:
         progress.close()
         _fail(str(exc), 2)
@@ -197,6 +198,10 @@ def build(spec_path: str, out: str, jobs: int, shard: str | None, force: bool,
     compiled = sum(r.status == "compiled" for r in report.rows)
     reused = sum(r.status == "reused" for r in report.rows)
     state = "written" if report.changed else "already up to date"
+    if report.quantizers:
+        click.echo("activation quantizers: " + ", ".join(
+            f"{name} ({'reused' if s is None else f'compiled in {s:.1f} s'})"
+            for name, s in report.quantizers))
     click.echo(f"{out}: {len(report.rows)} kernel(s), {compiled} compiled, "
                f"{len(report.rows) - compiled - reused} shared, {reused} reused; {state}")
 

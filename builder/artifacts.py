@@ -29,15 +29,17 @@ from runtime.manifest import (
     Kernel,
     KernelEntry,
     Manifest,
+    Quantizer,
     load_manifest,
     make_manifest,
     parse_kernel,
     parse_manifest,
+    parse_quantizer,
 )
 
 from .elf import cubin_arch
 from .errors import BuildError
-from .plan import BuildItem
+from .plan import BuildItem, QuantItem
 from .selection import check_shards
 
 
@@ -60,6 +62,30 @@ def new_kernel(item: BuildItem, facts: dict[str, Any], sha256: str, nbytes: int)
         return parse_kernel(json.loads(json.dumps(record)), item.kernel_name)
     except ManifestError as exc:
         raise BuildError(f"the recorded launch data is not a valid kernel record: {exc}") from exc
+
+
+def new_quantizer(item: QuantItem, facts: dict[str, Any], sha256: str,
+                  nbytes: int) -> Quantizer:
+    """The quantizer record from a worker's facts (kernels/sm90/act_quant.compile_quantizer),
+    typed and checked by the runtime's own parser."""
+    record = {**facts, "key": item.key, "name": item.record_name, "layout": item.layout,
+              "arch": item.arch, "cubin": f"cubins/{item.record_name}.cubin", "sha256": sha256,
+              "cubin_bytes": nbytes}
+    try:
+        return parse_quantizer(json.loads(json.dumps(record)), item.record_name)
+    except ManifestError as exc:
+        raise BuildError(f"the recorded quantizer data is not a valid record: {exc}") from exc
+
+
+def reusable_quantizer(item: QuantItem, old: Manifest | None, directory: Path) -> Quantizer | None:
+    """The old quantizer with the item's key, when its record says what the item fixes and its
+    cubin is intact (so it needs no compile); else None."""
+    for q in old.quantizers if old is not None else ():
+        if q.key == item.key and (q.layout, q.arch, q.name) == (item.layout, item.arch,
+                                                                item.record_name) \
+                and q.cubin == f"cubins/{item.record_name}.cubin" and _intact(q, directory):
+            return q
+    return None
 
 
 def new_entry(item: BuildItem, kernel: Kernel) -> KernelEntry:
@@ -155,7 +181,7 @@ def read_existing(directory: Path) -> Existing:
     return Existing(m, frozenset(e.name for e in m.sets))
 
 
-def _intact(e: Kernel, directory: Path) -> bool:
+def _intact(e: Kernel | Quantizer, directory: Path) -> bool:
     """The cubin is there, inside the directory, has its recorded sha256, arch and symbol (a
     hand-edited manifest can make a wrong cubin's sha256 match; the arch and symbol checks cost
     nothing more)."""
@@ -207,8 +233,9 @@ def copy_cubin(src: Path, staging: Path, rel: str) -> None:
     shutil.copyfile(src, dst)
 
 
-def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, KernelEntry]]]:
-    """One manifest from shard directories, and (source dir, entry) of each cubin to copy."""
+def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Any]]]:
+    """One manifest from shard directories, and (source dir, kernel or quantizer record) of
+    each cubin to copy."""
     loaded = []
     for d in dirs:
         try:
@@ -252,10 +279,28 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Kernel
                 raise BuildError(f"cannot merge {d}: cubin {k.cubin} of {k.name} is missing or "
                                  "does not match its sha256; run `verify` on it")
             cubins[k.key] = (d, k)
+    quantizers: dict[str, tuple[Path, Quantizer]] = {}  # key -> where its cubin comes from
+    for d, m in loaded:  # every shard builds them: one per key
+        for q in m.quantizers:
+            if q.key in quantizers:
+                if quantizers[q.key][1] != q:
+                    raise BuildError(f"quantizer {q.name} differs between "
+                                     f"{quantizers[q.key][0]} and {d}; were the shards built "
+                                     "with different DSL or sources?")
+                continue
+            try:
+                path = cubin_path(d, q)
+            except ArtifactError as exc:
+                raise BuildError(f"cannot merge {d}: {exc}") from exc
+            if not path.is_file() or sha256_file(path) != q.sha256:
+                raise BuildError(f"cannot merge {d}: cubin {q.cubin} of {q.name} is missing or "
+                                 "does not match its sha256; run `verify` on it")
+            quantizers[q.key] = (d, q)
     fingerprint, shard = check_shards(loaded)
     first_m = loaded[0][1] if loaded else None
     # Each entry keeps the kernel record of the directory its cubin is copied from.
     entries = [e.replace(kernel=cubins[e.key][1]) for _, e in chosen.values()]
     manifest = make_manifest(entries, first_m.builder_version if first_m else "",
-                             first_m.dsl_version if first_m else "", fingerprint, shard)
-    return manifest, list(cubins.values())
+                             first_m.dsl_version if first_m else "", fingerprint, shard,
+                             [q for _, q in quantizers.values()])
+    return manifest, [*cubins.values(), *quantizers.values()]

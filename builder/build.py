@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.manifest import MANIFEST_NAME, Kernel, KernelEntry, Manifest
+from runtime.manifest import MANIFEST_NAME, Kernel, KernelEntry, Manifest, Quantizer
 
 from . import artifacts, atomic
 from .errors import BuildError
 from .families import Families
-from .plan import BUILDER_VERSION, BuildItem, compile_list, dsl_version
+from .plan import BUILDER_VERSION, BuildItem, QuantItem, compile_list, dsl_version
 from .runner import ItemResult, run_workers
 from .selection import Selection, check_selective, spec_fingerprint
 from .verify import verify_dir
@@ -48,6 +48,8 @@ class BuildReport:
     rows: list[Row]
     changed: bool  # False when the directory was already up to date and left untouched
     notes: list[str] = field(default_factory=list)
+    # (name, compile seconds or None when reused) of each activation quantizer
+    quantizers: list[tuple[str, float | None]] = field(default_factory=list)
 
 
 class BuildFailed(BuildError):
@@ -111,8 +113,10 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
           on_result: Callable[[ItemResult], None] = lambda r: None,
           on_plan: Callable[[int, int], None] = lambda todo, reused: None,
           selection: Selection | None = None,
-          on_lock_wait: Callable[[str], None] = lambda message: None) -> BuildReport:
-    """Build `items` into `out`, which afterwards holds exactly these kernels.
+          on_lock_wait: Callable[[str], None] = lambda message: None,
+          quantizers: list[QuantItem] = ()) -> BuildReport:
+    """Build `items` into `out`, which afterwards holds exactly these kernels and
+    `quantizers` (plan.expand_quantizers).
 
     `selection` says what part of its spec `items` are (default: all of it). A selective one
     (--only, --shard) is refused with SelectionError, before anything compiles, when `out`
@@ -143,29 +147,48 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
                              "recompiling it")
                 reuse.pop(it.key)
             todo.append(it)
+        kept: dict[str, Quantizer] = {}  # name -> a reused quantizer
+        todo_q = []
+        for q in quantizers:
+            reused = None if force else artifacts.reusable_quantizer(q, old, target)
+            if reused is not None:
+                kept[q.name] = reused
+            else:
+                todo_q.append(q)
         compile_items = compile_list(todo)  # one per distinct kernel
-        on_plan(len(compile_items), len({it.key for it in items}) - len(compile_items))
+        on_plan(len(compile_items) + len(todo_q),
+                len({it.key for it in items}) - len(compile_items) + len(kept))
         manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION, dsl_version(),
-                                           selection.spec_fingerprint, selection.shard)
-        if not todo and old is not None and not existing.notes:
+                                           selection.spec_fingerprint, selection.shard,
+                                           kept.values())
+        q_report: list[tuple[str, float | None]] = [(name, None) for name in kept]
+        if not todo and not todo_q and old is not None and not existing.notes:
             current = (target / MANIFEST_NAME).read_text()
             if artifacts.manifest_text(manifest, str(target)) == current \
                     and not verify_dir(target):
-                return BuildReport([rows[it.name] for it in items], changed=False, notes=notes)
+                return BuildReport([rows[it.name] for it in items], changed=False, notes=notes,
+                                   quantizers=q_report)
 
         staging = atomic.staging_dir(target)
         try:
-            for k in {e.key: e.kernel for e in entries.values()}.values():
+            for k in [*{e.key: e.kernel for e in entries.values()}.values(), *kept.values()]:
                 artifacts.copy_cubin(target / k.cubin, staging, k.cubin)
-            if todo:
+            if todo or todo_q:
                 work = staging / ".work"
-                results = run_workers(compile_items, work, families, jobs, keep_going, on_result)
+                results = run_workers([*compile_items, *todo_q], work, families, jobs,
+                                      keep_going, on_result)
                 failures = [r for r in results if not r.ok and not r.skipped]
                 if failures:
                     raise BuildFailed(failures, sum(r.skipped for r in results),
-                                      len(compile_items), out)
+                                      len(compile_items) + len(todo_q), out)
                 built: dict[str, tuple[Kernel, float]] = {}
                 for r in results:
+                    if isinstance(r.item, QuantItem):
+                        q = artifacts.new_quantizer(r.item, r.kernel, r.sha256, r.cubin_bytes)
+                        artifacts.copy_cubin(r.cubin, staging, q.cubin)
+                        kept[r.item.name] = q
+                        q_report.append((r.item.name, r.compile_seconds))
+                        continue
                     k = artifacts.new_kernel(r.item, r.kernel, r.sha256, r.cubin_bytes)
                     artifacts.copy_cubin(r.cubin, staging, k.cubin)
                     built[k.key] = (k, r.compile_seconds)
@@ -179,12 +202,13 @@ def build(items: list[BuildItem], out: Path, families: Families, *, jobs: int = 
                 shutil.rmtree(work)
             manifest = artifacts.make_manifest(list(entries.values()), BUILDER_VERSION,
                                                dsl_version(), selection.spec_fingerprint,
-                                               selection.shard)
+                                               selection.shard, kept.values())
             _install(staging, target, manifest)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return BuildReport([rows[it.name] for it in items], changed=True, notes=notes)
+    return BuildReport([rows[it.name] for it in items], changed=True, notes=notes,
+                       quantizers=sorted(q_report))
 
 
 def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0,
@@ -198,7 +222,7 @@ def merge(out: Path, dirs: list[Path], lock_timeout: float = 60.0,
         atomic.check_replaceable(target, MANIFEST_NAME)
         staging = atomic.staging_dir(target)
         try:
-            for d, k in sources:
+            for d, k in sources:  # kernels and quantizers
                 artifacts.copy_cubin(d / k.cubin, staging, k.cubin)
             _install(staging, target, manifest)
         except BaseException:

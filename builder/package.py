@@ -196,7 +196,8 @@ def _payload(directory: Path, name: str, version: str,
             raise PackageUsageError(f"--arch must name archs built in {directory} ({built}), "
                                     f"but {missing} has no kernel there")
         manifest = make_manifest(entries, manifest.builder_version, manifest.dsl_version,
-                                 manifest.spec_fingerprint, manifest.shard)
+                                 manifest.spec_fingerprint, manifest.shard,
+                                 [q for q in manifest.quantizers if q.arch in archs])
         manifest_bytes = manifest.to_json().encode()
     if not entries:
         raise PackageError(f"{directory} has no kernels to package")
@@ -205,7 +206,7 @@ def _payload(directory: Path, name: str, version: str,
     root = f"{module}/{ARTIFACTS_SUBDIR}"
     names = [e.name for e in entries]
     files = {f"{root}/{MANIFEST_NAME}": manifest_bytes}
-    for k in manifest.kernels:  # each distinct kernel's cubin once
+    for k in (*manifest.kernels, *manifest.quantizers):  # each distinct cubin once
         files[f"{root}/{Path(k.cubin).as_posix()}"] = (directory / k.cubin).read_bytes()
     info = {
         "format": PACKAGE_FORMAT,

@@ -35,7 +35,7 @@ from typing import Any
 
 from kernels.families import OWN_KEYS
 from runtime.formats import MAX_SHARDS  # merge needs all n shards; the manifest reader's bound
-from runtime.manifest import Serves, kernel_name, kernel_record_name
+from runtime.manifest import Serves, kernel_name, kernel_record_name, quantizer_name
 
 from .families import DEFAULT_MODULE, Families, load_families
 from .spec import ShapeSpec
@@ -112,6 +112,43 @@ class BuildItem:
         """What the manifest records that this set serves."""
         return Serves(groups=self.groups, dynamic_m=self.dynamic_m,
                       max_m=self.max_m if self.dynamic_m else None)
+
+
+@dataclass(frozen=True)
+class QuantItem:
+    """One activation quantizer to build (a manifest `quantizers` record): per (arch, layout)
+    of the families the spec builds for, whatever sets --only or --shard select, so a
+    selective build never drops one and every shard carries the same ones (merge keeps one
+    per key). Its key hashes what a kernel's does, less the config, plus the layout."""
+
+    arch: str
+    family: str
+    layout: str
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"act_quant_{self.layout}.{self.arch}"
+
+    @property
+    def record_name(self) -> str:
+        return quantizer_name(self.layout, self.arch, self.key)
+
+    def describe(self) -> str:
+        return f"activation quantizer, layout {self.layout}, arch {self.arch}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "quantizer", "arch": self.arch, "family": self.family,
+                "layout": self.layout, "key": self.key}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> QuantItem:
+        return cls(arch=d["arch"], family=d["family"], layout=d["layout"], key=d["key"])
+
+
+def item_from_dict(d: dict[str, Any]) -> BuildItem | QuantItem:
+    """A worker job's item: a quantizer's dict says so by its `kind`."""
+    return QuantItem.from_dict(d) if d.get("kind") == "quantizer" else BuildItem.from_dict(d)
 
 
 # --------------------------------------------------------------------------------------------
@@ -218,6 +255,26 @@ def expand(spec: ShapeSpec, families: Families, only: tuple[str, ...] = ()) -> l
                                        key=item_key(inputs), dynamic_m=s.dynamic_m,
                                        max_m=s.max_m, out_dtype=out_dtype))
     return sorted(items, key=lambda it: it.name)
+
+
+def expand_quantizers(spec: ShapeSpec, families: Families) -> list[QuantItem]:
+    """One QuantItem per layout of each arch the spec builds whose family has quantizers,
+    sorted by name."""
+    env = {"builder": BUILDER_VERSION, "python": python_version(), "dsl": dsl_versions()}
+    archs = sorted({build.arch for s in spec.sets for build in s.builds})
+    out = []
+    for arch in archs:
+        family = families.family_for(arch)
+        layouts = getattr(family, "quantizer_layouts", ())
+        if not layouts:
+            continue
+        sources = fingerprint(family_sources(family, families))
+        for layout in layouts:
+            inputs = {**env, "sources": sources, "arch": arch, "family": family.name,
+                      "quantizer": layout}
+            out.append(QuantItem(arch=arch, family=family.name, layout=layout,
+                                 key=item_key(inputs)))
+    return sorted(out, key=lambda q: q.name)
 
 
 def compile_list(items: list[BuildItem]) -> list[BuildItem]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import importlib
 import json
 import os
 import signal
@@ -26,11 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .artifacts import new_entry, new_kernel, validate_entry
+from .artifacts import new_entry, new_kernel, new_quantizer, validate_entry
 from .elf import cubin_arch
 from .errors import BuildError
 from .families import load_families
-from .plan import BuildItem
+from .plan import BuildItem, QuantItem, item_from_dict
 from .ptx import check_abi
 
 TRACEBACK_LINES = 20
@@ -48,28 +49,34 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def check_compiled(ck: Any, item: BuildItem) -> None:
     """What a CompiledKernel must satisfy before it may enter a manifest."""
-    if not isinstance(ck.cubin, bytes) or not ck.cubin:
-        # The DSL returns a path string, with no error, when the dump directory was missing.
-        raise BuildError(f"compile_kernel must return the cubin as non-empty bytes, but got "
-                         f"{type(ck.cubin).__name__} {str(ck.cubin)[:80]!r} (a str here usually "
-                         "means the DSL dump directory did not exist)")
     if not isinstance(ck.ptx, str) or not ck.ptx:
         raise BuildError(f"compile_kernel must return the PTX as a non-empty str, but got "
                          f"{type(ck.ptx).__name__}")
-    if not isinstance(ck.symbol, str) or not ck.symbol:
-        raise BuildError(f"compile_kernel must return the kernel symbol as a str, but got "
-                         f"{ck.symbol!r}")
     for what in ("block", "cluster"):
         dims = tuple(getattr(ck, what))
         if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
             raise BuildError(f"{what} must be 3 positive ints, but got {dims}")
-    got = cubin_arch(ck.cubin, f"the cubin of {item.name}")
-    if got != item.arch:  # the DSL targeted another arch: CUTE_DSL_ARCH was set too late
-        raise BuildError(f"the cubin of {item.name} is for {got}, but it was built for "
-                         f"{item.arch} (CUTE_DSL_ARCH must be set before `import cutlass`)")
-    if b"\0" + ck.symbol.encode() + b"\0" not in ck.cubin:
-        raise BuildError(f"symbol {ck.symbol!r} is not in the cubin's string table")
+    check_cubin_symbol(ck.cubin, ck.symbol, item.name, item.arch, "compile_kernel")
     check_abi(list(ck.params), ck.ptx, ck.symbol)
+
+
+def check_cubin_symbol(cubin: bytes, symbol: Any, name: str, arch: str, who: str) -> None:
+    """The cubin `who` (the family's function) returned is non-empty bytes for `arch` and holds
+    `symbol` in its string table."""
+    if not isinstance(cubin, bytes) or not cubin:
+        # The DSL returns a path string, with no error, when the dump directory was missing.
+        raise BuildError(f"{who} must return the cubin as non-empty bytes, but got "
+                         f"{type(cubin).__name__} {str(cubin)[:80]!r} (a str here usually "
+                         "means the DSL dump directory did not exist)")
+    if not isinstance(symbol, str) or not symbol:
+        raise BuildError(f"{who} must return the kernel symbol as a str, but got "
+                         f"{symbol!r}")
+    got = cubin_arch(cubin, f"the cubin of {name}")
+    if got != arch:  # the DSL targeted another arch: CUTE_DSL_ARCH was set too late
+        raise BuildError(f"the cubin of {name} is for {got}, but it was built for "
+                         f"{arch} (CUTE_DSL_ARCH must be set before `import cutlass`)")
+    if b"\0" + symbol.encode() + b"\0" not in cubin:
+        raise BuildError(f"symbol {symbol!r} is not in the cubin's string table")
 
 
 def check_cubin_abi(entry: Any, cubin: bytes) -> None:
@@ -106,35 +113,60 @@ def kernel_limits(item: BuildItem, constraints: Any) -> dict[str, Any]:
     return {k: constraints[k] for k in LIMIT_KEYS if k in constraints}
 
 
-def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
+def _compile_kernel(item: BuildItem, family: Any) -> tuple[bytes, dict[str, Any], float]:
+    """(cubin, the kernel record's launch facts, compile seconds), checked."""
+    compiler = family.compiler()  # first call imports cutlass: not part of compile time
+    config = family.make_config(item.acc_stages, item.options_dict(), item.out_dtype)
+    start = time.perf_counter()
+    ck = compiler.compile_kernel(config, arch=item.arch, groups=item.compile_groups())
+    seconds = time.perf_counter() - start
+    check_compiled(ck, item)
+    # The kernel record's launch facts, as JSON (manifest schema 2). The family's
+    # `constraints` hold the groups it was given (checked, then dropped: each set records
+    # its own shapes) and the per-group limits.
+    kernel = {"symbol": ck.symbol, "params": list(ck.params), "block": list(ck.block),
+              "cluster": list(ck.cluster), "dynamic_smem": int(ck.dynamic_smem),
+              "grid": ck.grid, "tile": ck.tile, "tables": ck.tables,
+              "limits": kernel_limits(item, ck.constraints), "sm_count": ck.sm_count}
+    sha256 = hashlib.sha256(ck.cubin).hexdigest()
+    # JSON round trip first: the parent sees exactly what the manifest will hold.
+    kernel = json.loads(json.dumps(kernel))
+    entry = new_entry(item, new_kernel(item, kernel, sha256, len(ck.cubin)))
+    validate_entry(entry)
+    check_cubin_abi(entry, ck.cubin)
+    return ck.cubin, kernel, seconds
+
+
+def _compile_quantizer(item: QuantItem, family: Any) -> tuple[bytes, dict[str, Any], float]:
+    """(cubin, the quantizer record's facts, compile seconds), checked as a kernel's are."""
+    if not getattr(family, "quantize_module", None):
+        raise BuildError(f"the {item.arch} family {family.name!r} has no quantizers")
+    module = importlib.import_module(family.quantize_module)  # imports cutlass
+    start = time.perf_counter()
+    facts = module.compile_quantizer(item.layout, arch=item.arch)
+    seconds = time.perf_counter() - start
+    cubin, ptx = facts.pop("cubin"), facts.pop("ptx")
+    check_cubin_symbol(cubin, facts.get("symbol"), item.name, item.arch, "compile_quantizer")
+    check_abi(list(facts["params"]), ptx, facts["symbol"])
+    facts = json.loads(json.dumps(facts))
+    check_cubin_abi(new_quantizer(item, facts, hashlib.sha256(cubin).hexdigest(), len(cubin)),
+                    cubin)
+    return cubin, facts, seconds
+
+
+def build_one(item: BuildItem | QuantItem, family: Any, out_dir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"name": item.name, "key": item.key}
     try:
         if family.name != item.family:
             raise BuildError(f"the {item.arch} family must be {item.family!r} as planned, but "
                              f"the worker loaded {family.name!r}")
-        compiler = family.compiler()  # first call imports cutlass: not part of compile time
-        config = family.make_config(item.acc_stages, item.options_dict(), item.out_dtype)
-        start = time.perf_counter()
-        ck = compiler.compile_kernel(config, arch=item.arch, groups=item.compile_groups())
-        seconds = time.perf_counter() - start
-        check_compiled(ck, item)
-        # The kernel record's launch facts, as JSON (manifest schema 2). The family's
-        # `constraints` hold the groups it was given (checked, then dropped: each set records
-        # its own shapes) and the per-group limits.
-        kernel = {"symbol": ck.symbol, "params": list(ck.params), "block": list(ck.block),
-                  "cluster": list(ck.cluster), "dynamic_smem": int(ck.dynamic_smem),
-                  "grid": ck.grid, "tile": ck.tile, "tables": ck.tables,
-                  "limits": kernel_limits(item, ck.constraints), "sm_count": ck.sm_count}
-        sha256 = hashlib.sha256(ck.cubin).hexdigest()
-        # JSON round trip first: the parent sees exactly what the manifest will hold.
-        kernel = json.loads(json.dumps(kernel))
-        entry = new_entry(item, new_kernel(item, kernel, sha256, len(ck.cubin)))
-        validate_entry(entry)
-        check_cubin_abi(entry, ck.cubin)
+        compile_item = _compile_quantizer if isinstance(item, QuantItem) else _compile_kernel
+        image, kernel, seconds = compile_item(item, family)
         cubin = out_dir / f"{item.name}.cubin"
-        cubin.write_bytes(ck.cubin)
+        cubin.write_bytes(image)
         result.update(ok=True, compile_seconds=round(seconds, 3), cubin=cubin.name,
-                      sha256=sha256, cubin_bytes=len(ck.cubin), kernel=kernel)
+                      sha256=hashlib.sha256(image).hexdigest(), cubin_bytes=len(image),
+                      kernel=kernel)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:
             raise
@@ -150,7 +182,7 @@ def build_one(item: BuildItem, family: Any, out_dir: Path) -> dict[str, Any]:
 def run_job(job: dict[str, Any], proto: Any) -> int:
     arch = job["arch"]
     out_dir = Path(job["out_dir"])
-    items = [BuildItem.from_dict(d) for d in job["items"]]
+    items = [item_from_dict(d) for d in job["items"]]
     env_arch = os.environ.get("CUTE_DSL_ARCH")
     family = None
     setup_error = None

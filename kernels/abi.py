@@ -67,7 +67,11 @@ def slots_of(value: Any, name: str) -> list[tuple[int, int]]:
 class KernelArgs:
     """Arguments of one `@cute.kernel` launch, each with the runtime rule that fills it."""
 
-    def __init__(self) -> None:
+    def __init__(self, operands: tuple[str, ...] = CALL_OPERANDS,
+                 scalars: tuple[str, ...] = SCALARS) -> None:
+        # The names operand and scalar parameters may carry: the GEMMs' by default, the
+        # activation quantizers' (runtime.manifest.QUANT_*) for those kernels.
+        self._operands, self._scalars = operands, scalars
         self._values: list[Any] = []
         self.records: list[ArgRecord] = []
 
@@ -94,14 +98,14 @@ class KernelArgs:
 
     def operand(self, name: str, ptr: Any, which: str) -> Any:
         """The device address of a caller tensor, set per call (device-offsets kernels)."""
-        if which not in CALL_OPERANDS:
-            raise AbiError(f"operand {which!r} must be one of {CALL_OPERANDS}")
+        if which not in self._operands:
+            raise AbiError(f"operand {which!r} must be one of {self._operands}")
         return self._add(name, ptr, "operand", {"operand": which})
 
     def scalar(self, name: str, value: Any, which: str) -> Any:
         """A 32-bit value the runtime computes per call."""
-        if which not in SCALARS:
-            raise AbiError(f"scalar {which!r} must be one of {SCALARS}")
+        if which not in self._scalars:
+            raise AbiError(f"scalar {which!r} must be one of {self._scalars}")
         return self._add(name, value, "scalar", {"value": which})
 
     def zeros(self, name: str, value: Any, size: int, align: int) -> Any:

@@ -19,6 +19,10 @@ class Family:
     name: str  # "sm90", "sm100"
     config: ModuleType  # has Config (frozen dataclass), ACC_STAGES, K_TILE, K_MULTIPLE, check()
     compile_module: str  # imported in the build worker only: it imports cutlass
+    # The activation quantizers of this arch (runtime.manifest.QUANT_LAYOUTS): the module with
+    # compile_quantizer(layout, arch=...), imported in the build worker only, and its layouts.
+    quantize_module: str | None = None
+    quantizer_layouts: tuple[str, ...] = ()
 
     def option_names(self) -> tuple[str, ...]:
         """Tile options a shapes.yaml set may override (acc_stages and out_dtype have their own
@@ -34,7 +38,8 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "sm_90a": Family("sm90", sm90_config, "kernels.sm90.compile"),
+    "sm_90a": Family("sm90", sm90_config, "kernels.sm90.compile", "kernels.sm90.act_quant",
+                     ("experts", "masked")),
     "sm_100a": Family("sm100", sm100_config, "kernels.sm100.grouped_gemm"),
 }
 

@@ -57,6 +57,12 @@ OPERANDS = ("a", "b", "sfa", "sfb", "c")
 # Config.device_offsets: they derive their tables from these on the device): the stacked
 # operands, the output and the int32 expert end offsets.
 CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs", "masked_m")
+# The activation quantizers (Quantizer records; kernels/sm90/act_quant.py): bf16 tokens ->
+# NVFP4 a and blocked sfa for one serving layout. Their operand and scalar parameters carry
+# these names (a vocabulary of their own: they share no table or operand with the GEMMs).
+QUANT_LAYOUTS = ("experts", "masked")
+QUANT_OPERANDS = ("x", "offs", "scales", "a", "sfa")
+QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m")
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -317,6 +323,46 @@ class KernelEntry(Record):
                 "kernel": self.kernel.key, "serves": self.serves.record()}
 
 
+def quantizer_name(layout: str, arch: str, key: str) -> str:
+    """The one spelling of a quantizer record's name."""
+    return f"act_quant_{layout}.{arch}.{key[:12]}"
+
+
+class Quantizer(Record):
+    """An activation quantizer (kernels/sm90/act_quant.py), content-addressed like a Kernel:
+    `key` hashes its family's sources, arch, layout, DSL, builder and Python. One per (layout,
+    arch) in a manifest. The runtime launches it with one thread per 16 elements of x,
+    `block` threads per CTA; `max_experts` bounds the experts layout's E (its tables live in
+    shared memory), 0 for masked. Its attribute names are a Kernel's where they mean the same
+    (the loader reads both alike)."""
+
+    key: str
+    name: str  # "act_quant_<layout>.<arch>.<key[:12]>"
+    layout: str
+    arch: str
+    symbol: str
+    cubin: str
+    sha256: str
+    cubin_bytes: int
+    block: tuple[int, int, int]
+    dynamic_smem: int
+    max_experts: int
+    params: tuple[Param, ...]
+
+    # No cluster: the loader's checks read one.
+    cluster = property(lambda self: (1, 1, 1))
+
+    @property
+    def param_bytes(self) -> int:
+        return max((p.offset + p.size for p in self.params), default=0)
+
+    def record(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in fields(self)}
+        out["block"] = list(self.block)
+        out["params"] = [asdict(p) for p in self.params]
+        return out
+
+
 class Manifest(Record):
     schema_version: int
     builder_version: str
@@ -327,6 +373,9 @@ class Manifest(Record):
     # names and keys, and (i, n) for a `--shard i/n` build.
     spec_fingerprint: str = ""
     shard: tuple[int, int] | None = None
+    # The activation quantizers, sorted by name; an optional key of schema 3 (absent when
+    # none was built, so a runtime that predates them reads the rest unchanged).
+    quantizers: tuple[Quantizer, ...] = ()
 
     def to_json(self) -> str:
         """Deterministic JSON: the same build gives byte-identical manifests."""
@@ -335,7 +384,16 @@ class Manifest(Record):
                "shard": list(self.shard) if self.shard is not None else None,
                "kernels": [k.record() for k in self.kernels],
                "sets": [e.record() for e in self.sets]}
+        if self.quantizers:
+            obj["quantizers"] = [q.record() for q in self.quantizers]
         return json.dumps(obj, indent=1, sort_keys=True) + "\n"
+
+    def quantizer(self, layout: str, arch: str) -> Quantizer | None:
+        """The quantizer of `layout` for `arch`, or None if none was built."""
+        for q in self.quantizers:
+            if q.layout == layout and q.arch == arch:
+                return q
+        return None
 
     def entry(self, name: str) -> KernelEntry:
         for e in self.sets:
@@ -345,14 +403,17 @@ class Manifest(Record):
 
 
 def make_manifest(entries: Any, builder_version: str, dsl_version: str,
-                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None) -> Manifest:
-    """A manifest of these served entries and the kernels they point at, sorted by name."""
+                  spec_fingerprint: str = "", shard: tuple[int, int] | None = None,
+                  quantizers: Any = ()) -> Manifest:
+    """A manifest of these served entries and the kernels they point at, and of these
+    quantizers, each sorted by name."""
     entries = sorted(entries, key=lambda e: e.name)
     kernels = {e.kernel.key: e.kernel for e in entries}
     return Manifest(schema_version=SCHEMA_VERSION, builder_version=builder_version,
                     dsl_version=dsl_version,
                     kernels=tuple(sorted(kernels.values(), key=lambda k: k.name)),
-                    sets=tuple(entries), spec_fingerprint=spec_fingerprint, shard=shard)
+                    sets=tuple(entries), spec_fingerprint=spec_fingerprint, shard=shard,
+                    quantizers=tuple(sorted(quantizers, key=lambda q: q.name)))
 
 
 def pack_offsets(sizes_aligns: list[tuple[int, int]]) -> list[int]:
@@ -447,8 +508,12 @@ def _parse_tma(r: _Reader) -> TmaGeometry:
     return geo
 
 
-def _parse_param(r: _Reader) -> Param:
-    kind = r.choice("kind", PARAM_KINDS)
+def _parse_param(r: _Reader, kinds: tuple[str, ...] = PARAM_KINDS,
+                 operands: tuple[str, ...] = CALL_OPERANDS,
+                 scalars: tuple[str, ...] = SCALARS) -> Param:
+    """One parameter slot; a quantizer's take `kinds` operand and scalar only, with its own
+    operand and scalar names."""
+    kind = r.choice("kind", kinds)
     p = Param(
         name=r.get("name", str),
         kind=kind,
@@ -456,10 +521,10 @@ def _parse_param(r: _Reader) -> Param:
         size=r.get("size", int),
         align=r.get("align", int),
         table=r.choice("table", TABLES, optional=kind != "table"),
-        operand=r.choice("operand", CALL_OPERANDS if kind == "operand" else OPERANDS,
+        operand=r.choice("operand", operands if kind == "operand" else OPERANDS,
                          optional=kind not in ("tma_template", "operand")),
         tma=_parse_tma(r.sub("tma")) if kind == "tma_template" else None,
-        value=r.choice("value", SCALARS, optional=kind != "scalar"),
+        value=r.choice("value", scalars, optional=kind != "scalar"),
     )
     if p.size <= 0 or p.align not in (1, 2, 4, 8, 16, 32, 64, 128) or p.offset % p.align:
         raise ManifestError(
@@ -552,9 +617,9 @@ def _parse_serves(r: _Reader) -> Serves:
     return Serves(groups=_rows(d, "groups", 2), dynamic_m=True, max_m=max_m)
 
 
-def _parse_kernel(r: _Reader) -> Kernel:
+def _parse_params(r: _Reader, **vocab: Any) -> tuple[Param, ...]:
     params = tuple(
-        _parse_param(_Reader(p, f"{r.path}.params[{i}]"))
+        _parse_param(_Reader(p, f"{r.path}.params[{i}]"), **vocab)
         for i, p in enumerate(r.get("params", list))
     )
     for i in range(1, len(params)):
@@ -562,6 +627,25 @@ def _parse_kernel(r: _Reader) -> Kernel:
         if params[i].offset < prev.offset + prev.size:
             raise ManifestError(f"{r.path}.params[{i}] ({params[i].name}) overlaps the "
                                 "previous one")
+    return params
+
+
+def _check_cubin_fields(r: _Reader, k: Any) -> None:
+    """sha256, cubin path and symbol of a Kernel or Quantizer record."""
+    if len(k.sha256) != 64:
+        raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {k.sha256!r}")
+    if not k.cubin.isprintable():  # NUL made every path operation raise ValueError
+        raise ManifestError(f"{r.path}.cubin must be a path of printable characters (no NUL or "
+                            f"other control characters), but got {k.cubin!r}")
+    if Path(k.cubin).is_absolute() or ".." in Path(k.cubin).parts:
+        raise ManifestError(f"{r.path}.cubin must be a relative path inside the artifact directory")
+    if not _SYMBOL_RE.fullmatch(k.symbol):  # verify and the build look for it encoded in ELF
+        raise ManifestError(f"{r.path}.symbol must be a PTX identifier ({_SYMBOL_RE.pattern}), "
+                            f"but got {k.symbol!r}")
+
+
+def _parse_kernel(r: _Reader) -> Kernel:
+    params = _parse_params(r)
     tile, limits = r.sub("tile"), r.sub("limits")
     k = Kernel(
         key=r.get("key", str),
@@ -586,17 +670,46 @@ def _parse_kernel(r: _Reader) -> Kernel:
                       n_multiple=limits.get("n_multiple", int, optional=True) or 1),
         params=params,
     )
-    if len(k.sha256) != 64:
-        raise ManifestError(f"{r.path}.sha256 must be 64 hex digits, but got {k.sha256!r}")
-    if not k.cubin.isprintable():  # NUL made every path operation raise ValueError
-        raise ManifestError(f"{r.path}.cubin must be a path of printable characters (no NUL or "
-                            f"other control characters), but got {k.cubin!r}")
-    if Path(k.cubin).is_absolute() or ".." in Path(k.cubin).parts:
-        raise ManifestError(f"{r.path}.cubin must be a relative path inside the artifact directory")
-    if not _SYMBOL_RE.fullmatch(k.symbol):  # verify and the build look for it encoded in ELF
-        raise ManifestError(f"{r.path}.symbol must be a PTX identifier ({_SYMBOL_RE.pattern}), "
-                            f"but got {k.symbol!r}")
+    _check_cubin_fields(r, k)
     return k
+
+
+# The threads of one quantizer CTA, and its shared memory: what a launch may ask for.
+_MAX_BLOCK_THREADS = 1024
+_MAX_QUANT_SMEM = 227 * 1024
+
+
+def parse_quantizer(obj: Any, source: str) -> Quantizer:
+    """One quantizer record, typed and checked (its values too: they size the launch)."""
+    r = _Reader(obj, source)
+    _unknown_keys(r, fields(Quantizer), "with the fields of a quantizer record")
+    q = Quantizer(
+        key=r.get("key", str), name=r.get("name", str), layout=r.choice("layout", QUANT_LAYOUTS),
+        arch=r.choice("arch", ARCHS), symbol=r.get("symbol", str), cubin=r.get("cubin", str),
+        sha256=r.get("sha256", str), cubin_bytes=r.get("cubin_bytes", int),
+        block=r.ints("block", 3), dynamic_smem=r.get("dynamic_smem", int),
+        max_experts=r.get("max_experts", int),
+        params=_parse_params(r, kinds=("operand", "scalar"), operands=QUANT_OPERANDS,
+                             scalars=QUANT_SCALARS))
+    _check_cubin_fields(r, q)
+    if q.name != quantizer_name(q.layout, q.arch, q.key):
+        raise ManifestError(f"{source}.name must be {quantizer_name(q.layout, q.arch, q.key)!r} "
+                            f"(act_quant_<layout>.<arch>.<key[:12]>), but got {q.name!r}")
+    threads = q.block[0] * q.block[1] * q.block[2]
+    if min(q.block) < 1 or threads > _MAX_BLOCK_THREADS or q.block[1:] != (1, 1):
+        raise ManifestError(f"{source}.block must be [threads, 1, 1] with 1 <= threads <= "
+                            f"{_MAX_BLOCK_THREADS}, but got {list(q.block)}")
+    if not 0 <= q.dynamic_smem <= _MAX_QUANT_SMEM:
+        raise ManifestError(f"{source}.dynamic_smem must be in 0..{_MAX_QUANT_SMEM}, but got "
+                            f"{q.dynamic_smem}")
+    if q.cubin_bytes < 1:
+        raise ManifestError(f"{source}.cubin_bytes must be positive, but got {q.cubin_bytes}")
+    want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, 0)
+    if not want_experts[0] <= q.max_experts <= want_experts[1]:
+        raise ManifestError(f"{source}.max_experts must be in {want_experts[0]}.."
+                            f"{want_experts[1]} for the {q.layout} layout, but got "
+                            f"{q.max_experts}")
+    return q
 
 
 def parse_kernel(obj: Any, source: str) -> Kernel:
@@ -670,6 +783,14 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
         check_kernel(k)
     for e in sets:
         check_entry(e)
+    quantizers = tuple(
+        parse_quantizer(q, f"{source}.quantizers[{i}]")
+        for i, q in enumerate(r.get("quantizers", list, optional=True) or [])
+    )
+    _unique(source, "kernel and quantizer keys",
+            [k.key for k in kernels] + [q.key for q in quantizers])
+    _unique(source, "quantizer (layout, arch) pairs",
+            [f"{q.layout} {q.arch}" for q in quantizers])
     shard = r.ints("shard", 2) if r.obj.get("shard") is not None else None
     if shard is not None and not 0 <= shard[0] < shard[1] <= MAX_SHARDS:
         # merge looks for all n shards: an n of 10**20 made it build range(n).
@@ -683,6 +804,7 @@ def parse_manifest(obj: Any, source: str = "manifest") -> Manifest:
         sets=sets,
         spec_fingerprint=r.get("spec_fingerprint", str, optional=True) or "",
         shard=shard,  # type: ignore[arg-type]
+        quantizers=quantizers,
     )
 
 

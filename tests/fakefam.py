@@ -14,6 +14,9 @@ Config knob `fail` (a test hook, reachable from shapes.yaml options):
     8 the disk fills up: every later Path.write_bytes / write_text in the worker fails (ENOSPC)
 Every compile appends "<family> <arch> acc<n> <groups>" to $FAKE_COMPILE_LOG, so tests can count
 compiles that happened in worker subprocesses.
+
+`<pkg>.quant_families` is `<pkg>.families` with synthetic activation quantizers (layouts experts
+and masked) on sm_90a; each of their compiles appends "quant <arch> <layout>" to the log.
 """
 
 from __future__ import annotations
@@ -192,6 +195,42 @@ def compile_kernel(config, *, arch, groups):
         shutil.rmtree(dump, ignore_errors=True)
 '''
 
+SYNTH_QUANT = '''\
+import os
+
+from {pkg}.common import fake_elf
+
+
+def compile_quantizer(layout, *, arch):
+    path = os.environ.get("FAKE_COMPILE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"quant {{arch}} {{layout}}\\n")
+    symbol = f"fake_quant_{{layout}}"
+    ptx = (f".version 8.8\\n.target {{arch}}\\n.address_size 64\\n\\n"
+           f".visible .entry {{symbol}}(\\n"
+           f"\\t.param .u64 .ptr .global .align 16 {{symbol}}_param_0,\\n"
+           f"\\t.param .u32 {{symbol}}_param_1\\n)\\n{{{{\\n\\tret;\\n}}}}\\n")
+    params = [{{"name": "x", "kind": "operand", "operand": "x", "offset": 0, "size": 8,
+               "align": 8}},
+              {{"name": "k", "kind": "scalar", "value": "k", "offset": 8, "size": 4, "align": 4}}]
+    return {{"cubin": fake_elf(arch, symbol, layout), "ptx": ptx, "symbol": symbol,
+            "params": params, "block": [256, 1, 1], "dynamic_smem": 0,
+            "max_experts": 1024 if layout == "experts" else 0}}
+'''
+
+QUANT_FAMILIES = '''\
+from kernels.families import Family
+from {pkg}.fake90 import config as c90
+from {pkg}.fake100 import config as c100
+
+FAMILIES = {{
+    "sm_90a": Family("fake90", c90, "{pkg}.fake90.compile", "{pkg}.fake90.quant",
+                     ("experts", "masked")),
+    "sm_100a": Family("fake100", c100, "{pkg}.fake100.compile"),
+}}
+'''
+
 FAMILIES = '''\
 from kernels.families import Family
 from {pkg}.{f90} import config as c90
@@ -214,6 +253,8 @@ def write_fake_package(root: Path) -> str:
         "common.py": COMMON,
         "families.py": FAMILIES.format(pkg=pkg, f90="fake90", f100="fake100"),
         "dsl_families.py": FAMILIES.format(pkg=pkg, f90="dsl90", f100="dsl100"),
+        "quant_families.py": QUANT_FAMILIES.format(pkg=pkg),
+        "fake90/quant.py": SYNTH_QUANT.format(pkg=pkg),
     }
     for fam, acc, template in (("fake90", "(1,)", SYNTH_COMPILE), ("fake100", "(1, 2)",
                                 SYNTH_COMPILE), ("dsl90", "(1,)", DSL_COMPILE),

@@ -109,3 +109,31 @@ def test_expert_sets_are_served_by_device_offsets_kernels_on_both_archs(shipped:
         assert scalars == ["num_groups", "max_m" if masked else "rows", "n", "k"], e.name
         archs.add(e.arch)
     assert archs == {"sm_90a", "sm_100a"}
+
+
+@NEEDS_DSL
+def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
+    """The two activation quantizers (kernels/sm90/act_quant.py) ship beside the GEMMs: one per
+    layout for sm_90a (no sm_100a quantizer exists), their parameters in the order and under
+    the roles runtime/quantize.py packs, each cubin the right arch with its symbol and no stack
+    frame, and the experts layout's shared-memory tables for 1024 experts."""
+    from kernels.introspect import require_no_stack_frame
+    from runtime.params import role
+
+    m = load_manifest(shipped)
+    assert [(q.layout, q.arch) for q in m.quantizers] == [("experts", "sm_90a"),
+                                                          ("masked", "sm_90a")]
+    roles = {q.layout: [(p.kind, role(p)) for p in q.params] for q in m.quantizers}
+    ops = [("operand", "x"), ("operand", "offs"), ("operand", "scales"), ("operand", "a"),
+           ("operand", "sfa")]
+    scalars = [("scalar", "k"), ("scalar", "experts"), ("scalar", "blocks")]
+    assert roles["experts"] == ops + [("scalar", "rows")] + scalars
+    assert roles["masked"] == [ops[0], *ops[2:], ("scalar", "max_m")] + scalars
+    for q in m.quantizers:
+        cubin = (shipped / q.cubin).read_bytes()
+        assert cubin_arch(cubin, q.cubin) == "sm_90a" and q.symbol.encode() in cubin
+        require_no_stack_frame(cubin, q.symbol, "the quantizer keeps its values in registers")
+        assert q.block == (256, 1, 1)
+    experts, masked = m.quantizers
+    assert (experts.max_experts, masked.max_experts) == (1024, 0)
+    assert experts.dynamic_smem == (2 * 1024 + 256) * 4 + 64 and masked.dynamic_smem == 0

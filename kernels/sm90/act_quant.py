@@ -1,9 +1,12 @@
-"""EXPERIMENT, not shipped: AOT-compiled sm_90a kernels for runtime.activations' quantize_experts
-(bf16 tokens grouped by expert -> NVFP4 codes and scaled_grouped_mm's blocked A scales) and
-quantize_masked (the masked layout), one thread per 16-element block. The torch path is about 65
-small kernels per call; this is one, plus a memset of sfa.
+"""The activation quantizers, AOT sm_90a kernels (imports cutlass: build worker only): bf16
+tokens -> NVFP4 codes and blocked e4m3 scales for the two serving layouts, one thread per
+16-element block, one launch per call (plus the caller's memset of sfa).
 
-    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out DIR   # cubins + act_quant.json
+- `experts` (runtime.activations.quantize_experts): x (T, K) with rows grouped by expert, offs
+  (E,) int32 as scaled_grouped_mm takes them, sfa in its layout. Every CTA derives ends =
+  cummax(clamp(offs, 0, T)) and each expert's first blocked scale row in shared memory, for
+  up to MAX_EXPERTS experts.
+- `masked` (quantize_masked): x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4)).
 
 Same bits as runtime.activations, by the same IEEE operations where the reference uses float64
 (the block scale: amax / 6 / gs in f64, to f32, to e4m3, both round to nearest even), and by an
@@ -11,38 +14,26 @@ exact equivalent where it divides: a value's code compares |x| with the e2m1 mid
 denom = scale * gs. Each product has at most 3 + 4 + 24 bits, so it is exact in f64, and |x|
 (bf16, exact in f32) exceeds it iff it exceeds its f32 round-down and reaches it iff it reaches
 its f32 round-up. The reference's f64 quotient cannot flip a comparison or a tie either: an
-unequal quotient sits at least 2^-31 (relative) away from a midpoint, its rounding 2^-53. The
-algorithm, in numpy, matches quantize_nvfp4 on every case of experiments/tests/
-test_act_quant_experiment.py; act_quant_check.py compares the kernels with runtime.activations
-bit for bit on the H200.
+unequal quotient sits at least 2^-31 (relative) away from a midpoint, its rounding 2^-53.
+tests/test_act_quant_kernel.py runs the algorithm in torch against quantize_nvfp4 on ties,
+near-ties, saturation, subnormals, NaN / inf and bad scales; experiments/act_quant_check.py
+compares the shipped kernels with runtime.activations bit for bit on the H200.
 
-Inputs (act_quant.json lists them in order). Experts: x bf16 (T, K) contiguous, offs int32 (E,)
-as scaled_grouped_mm takes them (E <= MAX_EXPERTS; every CTA derives ends = cummax(clamp(offs,
-0, T)) and each expert's first blocked scale row in shared memory), scales float32 (E,) decode
-scales, a uint8 (T, K/2) out, sfa uint8 out (zeroed by the caller: padding is not written), T,
-K, E, and T * K / 16. Masked: x bf16 (E, max_m, K), scales, a (E, max_m, K/2), sfa (E, ...)
-(zeroed), max_m, K, E, E * max_m * K / 16.
+The caller (runtime/quantize.py) zeroes sfa (padding rows are not written), passes x
+contiguous and 16-byte aligned, a 8-byte aligned, and keeps the block count and sfa's bytes in
+Int32. Parameters, in launch order, are recorded with kernels.abi under the manifest's
+quantizer vocabulary (QUANT_OPERANDS, QUANT_SCALARS).
 
-GPU record (2026-12-05, H200, 9d0d6d1, when the experts kernel still took its tables from four
-torch ops): both kernels bit-equal to runtime.activations on every case of act_quant_check.py;
-at 512 rows the kernel took 6.4-14.3 us, its path with the table ops and the memset 28-41 us,
-the torch path 172-498 us (bench/RESULTS.md). With the tables in shared memory (9c5ddd7):
-43/43 cases exact, the path 8.2-22.2 us at 512 rows.
+GPU record: 2026-12-05, H200 (as experiments/act_quant.py, 9c5ddd7): 43/43 cases bit-equal to
+runtime.activations; the experts path 8.2-22.2 us at 512 rows against 171-496 us for the
+torch path (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 import tempfile
-from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__":
-    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cutlass
 import cutlass.cute as cute
@@ -51,7 +42,11 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.runtime import make_ptr
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from kernels.sm90.ptx import _asm, _i64, _ir, ld_global_nc_v4
+from kernels.abi import KernelArgs
+from kernels.introspect import lowered_launch, ptx_reqntid, require_no_stack_frame
+from runtime.manifest import QUANT_OPERANDS, QUANT_SCALARS
+
+from .ptx import _asm, _i64, _ir, ld_global_nc_v4
 
 THREADS = 256
 # The experts kernel's tables in shared memory: up to MAX_EXPERTS experts (ends and pstart),
@@ -198,6 +193,18 @@ def _blocked_offset(row: Any, j: Any, k: Any) -> Any:
 class _Quantizer:
     """One thread per (row, 16-element block) of x: what both layouts share."""
 
+    SMEM_BYTES = 0  # dynamic shared memory of the launch
+
+    def _record(self, operands: tuple, scalars: tuple) -> list:
+        """The kernel's arguments through kernels.abi, so the manifest's parameter list comes
+        from the traced values (each parameter named by its role)."""
+        self.args = KernelArgs(operands=QUANT_OPERANDS, scalars=QUANT_SCALARS)
+        for name, ptr in operands:
+            self.args.operand(name, ptr, name)
+        for name, value in scalars:
+            self.args.scalar(name, value, name)
+        return self.args.values()
+
     @cute.jit
     def _position(self, x, a, k) -> tuple:
         """This thread's block: (index, row r, scale column j, its 16 values' address, its 8
@@ -246,13 +253,17 @@ class ActQuantExperts(_Quantizer):
     scale row, the sum of round_up(rows, 128) before it), by a thread-local scan of
     EXPERTS_PER_THREAD experts each and a block scan of the threads' totals."""
 
+    SMEM_BYTES = TABLE_SMEM_BYTES
+
     @cute.jit
     def __call__(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
                  a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32, experts: Int32,
                  blocks: Int32) -> None:
-        self.kernel(x, offs, scales, a, sfa, rows, k, experts, blocks).launch(
-            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
-            smem=TABLE_SMEM_BYTES)
+        args = self._record((("x", x), ("offs", offs), ("scales", scales), ("a", a),
+                             ("sfa", sfa)), (("rows", rows), ("k", k), ("experts", experts),
+                                             ("blocks", blocks)))
+        self.kernel(*args).launch(grid=[(blocks + THREADS - 1) // THREADS, 1, 1],
+                                  block=[THREADS, 1, 1], smem=TABLE_SMEM_BYTES)
 
     @cute.jit
     def _block_scan(self, scan, tid, value, is_max: bool):
@@ -334,12 +345,17 @@ class ActQuantExperts(_Quantizer):
 class ActQuantMasked(_Quantizer):
     """quantize_masked: x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4))."""
 
+    SMEM_BYTES = 0
+
     @cute.jit
     def __call__(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer,
                  sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
                  blocks: Int32) -> None:
-        self.kernel(x, scales, a, sfa, max_m, k, experts, blocks).launch(
-            grid=[(blocks + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1])
+        args = self._record((("x", x), ("scales", scales), ("a", a), ("sfa", sfa)),
+                            (("max_m", max_m), ("k", k), ("experts", experts),
+                             ("blocks", blocks)))
+        self.kernel(*args).launch(grid=[(blocks + THREADS - 1) // THREADS, 1, 1],
+                                  block=[THREADS, 1, 1])
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer,
@@ -353,50 +369,43 @@ class ActQuantMasked(_Quantizer):
                         + Int64(_blocked_offset(r - e * max_m, j, k)))
 
 
-KERNELS = {  # name -> (class, parameter names in launch order)
-    "experts": (ActQuantExperts, ("x", "offs", "scales", "a", "sfa", "rows", "k", "experts",
-                                  "blocks")),
-    "masked": (ActQuantMasked, ("x", "scales", "a", "sfa", "max_m", "k", "experts", "blocks")),
-}
+LAYOUTS = {"experts": ActQuantExperts, "masked": ActQuantMasked}
 
 
-def build(out: Path) -> dict:
-    """Compile both kernels for sm_90a into out/act_quant_{experts,masked}.cubin (+ .ptx) and
-    out/act_quant.json (symbols, block, parameter order)."""
-    if os.environ.get("CUTE_DSL_ARCH") != "sm_90a":
-        raise SystemExit("error: set CUTE_DSL_ARCH=sm_90a before cutlass is imported")
+def compile_quantizer(layout: str, *, arch: str) -> dict[str, Any]:
+    """Compile one layout's kernel: {"cubin", "ptx", "symbol", "params", "block",
+    "dynamic_smem", "max_experts"} (max_experts: what the experts layout's tables hold, 0 for
+    masked), after the build guards (no stack frame; the DSL launcher's block and shared memory
+    equal to the kernel's own)."""
+    if arch != "sm_90a":
+        raise ValueError(f"arch must be 'sm_90a' for the sm90 quantizers, but got {arch!r}")
+    if os.environ.get("CUTE_DSL_ARCH") != arch:
+        raise RuntimeError(f"CUTE_DSL_ARCH must be {arch!r} before cutlass is imported, but got "
+                           f"{os.environ.get('CUTE_DSL_ARCH')!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, but got {layout!r}")
     ptr = {name: make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
            for name, dtype, align in (("x", cutlass.BFloat16, 16), ("i32", Int32, 4),
                                       ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
-    calls = {
-        "experts": (ptr["x"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"], Int32(1),
-                    Int32(16), Int32(1), Int32(1)),
-        "masked": (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], Int32(1), Int32(16), Int32(1),
-                   Int32(1)),
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    record = {"block": [THREADS, 1, 1], "max_experts": MAX_EXPERTS, "kernels": {}}
-    for name, (cls, params) in KERNELS.items():
-        with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
-            compiled = cute.compile(cls(), *calls[name], options=(
-                f"--gpu-arch sm_90a --keep-cubin --keep-ptx --dump-dir {dump}"))
-            cubin, ptx = compiled.__cubin__, compiled.__ptx__
-        (out / f"act_quant_{name}.cubin").write_bytes(cubin)
-        (out / f"act_quant_{name}.ptx").write_text(ptx)
-        record["kernels"][name] = {"cubin": f"act_quant_{name}.cubin",
-                                   "symbol": list(compiled.kernel_info)[0],
-                                   "params": list(params),
-                                   "smem": TABLE_SMEM_BYTES if name == "experts" else 0}
-    (out / "act_quant.json").write_text(json.dumps(record, indent=1))
-    return record
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    print(json.dumps(build(ap.parse_args().out)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    one = (Int32(1), Int32(16), Int32(1), Int32(1))
+    call = ((ptr["x"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"], *one)
+            if layout == "experts" else (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], *one))
+    quantizer = LAYOUTS[layout]()
+    with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
+        compiled = cute.compile(quantizer, *call, options=(
+            f"--gpu-arch {arch} --keep-cubin --keep-ptx --dump-dir {dump}"))
+        cubin, ptx = compiled.__cubin__, compiled.__ptx__
+    symbols = list(compiled.kernel_info)
+    if len(symbols) != 1:
+        raise RuntimeError(f"expected exactly one kernel in the module, but got {symbols}")
+    require_no_stack_frame(cubin, symbols[0], "the quantizer keeps its 16 values in registers")
+    launch = lowered_launch(compiled)
+    block = ptx_reqntid(ptx, symbols[0])
+    if launch["dynamic_smem"] != quantizer.SMEM_BYTES or tuple(launch["block"]) != block \
+            or block != (THREADS, 1, 1):
+        raise RuntimeError(f"launcher uses smem {launch['dynamic_smem']} and block "
+                           f"{launch['block']}, the kernel expects {quantizer.SMEM_BYTES} and "
+                           f"{block} ({THREADS} threads)")
+    return {"cubin": cubin, "ptx": ptx, "symbol": symbols[0], "params": quantizer.args.params(),
+            "block": list(block), "dynamic_smem": quantizer.SMEM_BYTES,
+            "max_experts": MAX_EXPERTS if layout == "experts" else 0}
