@@ -1,23 +1,20 @@
-"""On the H200: experiments/act_quant.py's kernels against runtime.activations' quantize_experts
-and quantize_masked, bit for bit, then the experts path timed in CUDA graphs. No cutlass here:
-the cubins are loaded with cuda.bindings (build them on the CPU machine first and carry the
-directory).
+"""On the H200: the artifacts' activation quantizers (kernels/sm90/act_quant.py, launched by
+runtime/quantize.py as gg.quantize_experts / gg.quantize_masked) against runtime.activations'
+torch path, bit for bit, then the experts path timed in CUDA graphs. No cutlass here: build the
+artifacts on the CPU machine and carry them.
 
-    CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py --out .act_quant      # CPU machine
-    PYTHONPATH=. python experiments/act_quant_check.py --cubin-dir .act_quant  # H200
+    PYTHONPATH=. python experiments/act_quant_check.py --artifacts artifacts  # H200
 
-Cases: bf16 tokens of several magnitudes, the edge blocks of tests/test_act_quant_experiment.py
+Cases: bf16 tokens of several magnitudes, the edge blocks of tests/test_act_quant_kernel.py
 (ties, near-ties, saturation, zeros, subnormals, NaN and inf; one expert per block), skewed
-routings with empty experts and rows past offs[-1], E = 1..256, K = 16..7168. Prints one line per
-case and a table of us per call last (the kernel's path: four E-sized torch ops for its tables,
-a memset of sfa and the kernel; the torch path: quantize_experts).
+routings with empty experts and rows past offs[-1], E = 1..1024, K = 16..7168, bad offs. Prints
+one line per case and a table of us per call last (the kernel alone; the kernel's path: the
+allocations, sfa's memset and the kernel; the torch path: runtime.activations).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import sys
 from pathlib import Path
 
@@ -27,85 +24,48 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench", ROOT / "tests"):
     sys.path.insert(0, str(p))
 
-from cuda.bindings import driver
-
+import runtime
 from runtime.activations import quantize_experts, quantize_masked
-from runtime.cuda import check
-from runtime.formats import blocked_scale_numel, scale_cols
-from runtime.serving import sfa_rows_needed
+from runtime.quantize import quantizer_for
 
 
 class ActQuantKernels:
-    """Both kernels of act_quant.json, loaded with cuda.bindings, launched on torch's stream."""
+    """The artifacts' quantizers, through the runtime; each call must take the kernel."""
 
-    def __init__(self, cubin_dir: Path) -> None:
-        record = json.loads((cubin_dir / "act_quant.json").read_text())
-        self.block = record["block"][0]
-        self.max_experts = record["max_experts"]
-        self.smem = {name: k["smem"] for name, k in record["kernels"].items()}
-        torch.zeros(1, device="cuda")  # the primary context, current on this thread
-        self.functions = {}
-        for name, k in record["kernels"].items():
-            module = check(driver.cuModuleLoadData((cubin_dir / k["cubin"]).read_bytes()),
-                           "cuModuleLoadData")
-            self.functions[name] = check(driver.cuModuleGetFunction(module, k["symbol"].encode()),
-                                         "cuModuleGetFunction")
+    def __init__(self, artifacts: Path) -> None:
+        self.gg = runtime.load(artifacts)
 
-    def _launch(self, name: str, pointers: tuple, ints: tuple, blocks: int) -> None:
-        if not blocks:
-            return
-        # The kernels index blocks, and the experts layout its scale bytes, in Int32; they
-        # load x in 16-byte and store a in 8-byte vectors (review of 2026-12-05).
-        sfa = pointers[-1]
-        if blocks + 256 >= 2 ** 31 or sfa.numel() >= 2 ** 31:
-            raise ValueError(f"{blocks} blocks / {sfa.numel()} scale bytes: past Int32")
-        x, a = pointers[0], pointers[-2]
-        if not (x.is_contiguous() and x.data_ptr() % 16 == 0 and a.data_ptr() % 8 == 0):
-            raise ValueError("x must be contiguous and 16-byte aligned, a 8-byte aligned")
-        values = [ctypes.c_uint64(p.data_ptr()) for p in pointers]
-        values += [ctypes.c_int32(v) for v in ints]
-        params = (ctypes.c_void_p * len(values))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-        check(driver.cuLaunchKernel(self.functions[name], -(-blocks // self.block), 1, 1,
-                                    self.block, 1, 1, self.smem[name],
-                                    torch.cuda.current_stream().cuda_stream,
-                                    ctypes.addressof(params), 0), "cuLaunchKernel")
+    def _require(self, layout: str, x: torch.Tensor, experts: int):
+        q = quantizer_for(self.gg, layout, x, experts)
+        if q is None:
+            raise SystemExit(f"error: no {layout} quantizer serves x {tuple(x.shape)} with "
+                             f"{experts} experts in these artifacts")
+        return q
 
     def experts(self, x: torch.Tensor, offs: torch.Tensor,
                 scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """quantize_experts through the kernel (it derives its expert tables from offs): the
-        outputs allocated (sfa zeroed), then launch_experts."""
-        t, k = x.shape
-        a = torch.empty(t, k // 2, dtype=torch.uint8, device=x.device)
-        sfa = torch.zeros(sfa_rows_needed(t, offs.numel()) * scale_cols(k), dtype=torch.uint8,
-                          device=x.device)
-        self.launch_experts(x, offs, scales, a, sfa)
-        return a, sfa.view(torch.float8_e4m3fn)
+        self._require("experts", x, offs.numel())
+        return self.gg.quantize_experts(x, offs, scales)
 
     def launch_experts(self, x: torch.Tensor, offs: torch.Tensor, scales: torch.Tensor,
                        a: torch.Tensor, sfa: torch.Tensor) -> None:
-        """The experts kernel alone, into a and a zeroed sfa."""
+        """The experts kernel alone, into a and sfa (no allocation, no memset)."""
         t, k = x.shape
-        experts = offs.numel()
-        if experts > self.max_experts:
-            raise ValueError(f"{experts} experts: the kernel's tables hold {self.max_experts}")
+        q = self._require("experts", x, offs.numel())
         blocks = t * k // 16
-        self._launch("experts", (x, offs, scales, a, sfa), (t, k, experts, blocks), blocks)
+        values = {"x": x.data_ptr(), "offs": offs.data_ptr(), "scales": scales.data_ptr(),
+                  "a": a.data_ptr(), "sfa": sfa.data_ptr(), "rows": t, "k": k,
+                  "experts": offs.numel(), "blocks": blocks}
+        self.gg.device_runtime(x.device).launch_quantizer(q, values, -(-blocks // q.block[0]))
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """quantize_masked through the kernel."""
-        experts, max_m, k = x.shape
-        a = torch.empty(experts, max_m, k // 2, dtype=torch.uint8, device=x.device)
-        sfa = torch.zeros(experts, blocked_scale_numel(max_m, k), dtype=torch.uint8,
-                          device=x.device)
-        blocks = experts * max_m * k // 16
-        self._launch("masked", (x, scales, a, sfa), (max_m, k, experts, blocks), blocks)
-        return a, sfa.view(torch.float8_e4m3fn)
+        self._require("masked", x, x.shape[0])
+        return self.gg.quantize_masked(x, scales)
 
 
 def cases():
     """(name, x bf16 (T, K), offs int32 (E,), decode scales float32 (E,)) on the GPU."""
-    from test_act_quant_experiment import edge_blocks
+    from test_act_quant_kernel import edge_blocks
 
     gen = torch.Generator().manual_seed(5)
     for experts, k, tokens, skew in ((1, 16, 37, 0), (8, 48, 300, 0), (128, 2048, 512, 1),
@@ -142,7 +102,7 @@ def cases():
 
 def masked_cases():
     """(name, x bf16 (E, max_m, K), decode scales (E,)) on the CPU."""
-    from test_act_quant_experiment import edge_blocks
+    from test_act_quant_kernel import edge_blocks
 
     gen = torch.Generator().manual_seed(6)
     for experts, max_m, k in ((1, 1, 16), (8, 48, 2048), (32, 129, 7168), (256, 16, 768)):
@@ -155,10 +115,10 @@ def masked_cases():
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cubin-dir", type=Path, default=ROOT / ".act_quant")
+    ap.add_argument("--artifacts", type=Path, default=ROOT / "artifacts")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    kernels = ActQuantKernels(args.cubin_dir)
+    kernels = ActQuantKernels(args.artifacts)
     failed = 0
 
     def compare(name: str, got: tuple, want: tuple) -> int:

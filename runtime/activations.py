@@ -60,11 +60,12 @@ def _check_x(x: Any, dims: int, shape_text: str) -> torch.Tensor:
     return x
 
 
-def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
-    """input_scale as a float64 (E,) tensor on `device`, checked without reading a device
-    value: a float32 (E,) tensor on x's device, or one real number, rounded to float32 on the
-    host (as quantize_activation does, and as the GEMM's fp32 alpha holds it) and checked there.
-    A tensor's scales that are not positive and finite become NaN (see the module docstring)."""
+def _check_scales(input_scale: Any, experts: int,
+                  device: torch.device) -> float | torch.Tensor:
+    """input_scale checked without reading a device value: one real number, rounded to
+    float32 on the host (as quantize_activation does, and as the GEMM's fp32 alpha holds it)
+    and checked there, returned as a Python float; or a float32 (E,) tensor on x's device,
+    returned as is (the quantizers poison the experts of its bad scales, module docstring)."""
     if isinstance(input_scale, numbers.Real) and not isinstance(input_scale, bool):
         try:
             value = struct.unpack("f", struct.pack("f", float(input_scale)))[0]
@@ -73,7 +74,7 @@ def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torc
         if not (value > 0 and math.isfinite(value)):
             raise InputError(f"input_scale must be positive and finite in float32, but got "
                              f"{repr(input_scale)[:40]} (float32: {value!r})")
-        return torch.full((experts,), value, dtype=torch.float64, device=device)
+        return value
     if not isinstance(input_scale, torch.Tensor):
         raise InputError(f"input_scale must be a float32 torch.Tensor (E,) or a real number, "
                          f"but got {type(input_scale).__name__}")
@@ -85,8 +86,36 @@ def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torc
     if input_scale.device != device:
         raise InputError(f"input_scale must be on x's device {device}, but got "
                          f"{input_scale.device}")
-    s = input_scale.to(torch.float64)
+    return input_scale
+
+
+def _decode_scales(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
+    """input_scale (checked by _check_scales) as the float64 (E,) tensor of the torch path,
+    its scales that are not positive and finite made NaN."""
+    checked = _check_scales(input_scale, experts, device)
+    if isinstance(checked, float):
+        return torch.full((experts,), checked, dtype=torch.float64, device=device)
+    s = checked.to(torch.float64)
     return torch.where((s > 0) & torch.isfinite(s), s, math.nan)
+
+
+def _check_offs(offs: Any, device: torch.device) -> torch.Tensor:
+    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32:
+        # int32 only: offs goes on to scaled_grouped_mm, which takes nothing else.
+        raise InputError(f"offs must be an int32 torch.Tensor, but got "
+                         f"{offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__}")
+    if offs.dim() != 1 or offs.numel() == 0:
+        raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
+    if offs.device != device:
+        raise InputError(f"offs must be on x's device {device}, but got {offs.device}")
+    return offs
+
+
+def _check_masked_x(x: Any) -> torch.Tensor:
+    x = _check_x(x, 3, "(E, max_m, K)")
+    if x.shape[0] == 0:
+        raise InputError("x must have at least one expert, but got E = 0")
+    return x
 
 
 def _quantize_rows(x: torch.Tensor, row_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,14 +148,7 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
     the kernel ignores them. offs is clamped and made non-decreasing, as the kernels do.
     """
     x = _check_x(x, 2, "(T, K)")
-    if not isinstance(offs, torch.Tensor) or offs.dtype != torch.int32:
-        # int32 only: offs goes on to scaled_grouped_mm, which takes nothing else.
-        raise InputError(f"offs must be an int32 torch.Tensor, but got "
-                         f"{offs.dtype if isinstance(offs, torch.Tensor) else type(offs).__name__}")
-    if offs.dim() != 1 or offs.numel() == 0:
-        raise InputError(f"offs must be 1-D (E,) with E > 0, but got shape {tuple(offs.shape)}")
-    if offs.device != x.device:
-        raise InputError(f"offs must be on x's device {x.device}, but got {offs.device}")
+    offs = _check_offs(offs, x.device)
     scales_e = _decode_scales(input_scale, offs.numel(), x.device)
     return torch.ops.nvfp4.quantize_experts(x, offs, scales_e)
 
@@ -139,11 +161,8 @@ def quantize_masked(x: torch.Tensor,
     round_up(K / 16, 4)), each expert's scales in the blocked layout). Expert e's rows use
     decode scale input_scale[e] (float32 (E,) on x's device, or one real number). Every row
     is quantized: which ones are valid (masked_m) is only known on the device."""
-    x = _check_x(x, 3, "(E, max_m, K)")
-    experts, max_m, k = x.shape
-    if experts == 0:
-        raise InputError("x must have at least one expert, but got E = 0")
-    return torch.ops.nvfp4.quantize_masked(x, _decode_scales(input_scale, experts, x.device))
+    x = _check_masked_x(x)
+    return torch.ops.nvfp4.quantize_masked(x, _decode_scales(input_scale, x.shape[0], x.device))
 
 
 # The work is one custom op per layout, opaque to torch.compile: Inductor must not fuse these

@@ -306,6 +306,23 @@ class GroupedGemm:
         return masked_grouped_mm(self, a, b, sfa, sfb, masked_m, expected_m=expected_m,
                                  alpha=alpha, out=out, out_dtype=out_dtype)
 
+    def quantize_experts(self, x: torch.Tensor, offs: torch.Tensor,
+                         input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+        """bf16 tokens x (T, K) grouped by expert (int32 end offsets `offs` on the device) ->
+        (a, sfa) for scaled_grouped_mm, by the artifacts' AOT quantizer (runtime/quantize.py;
+        runtime.activations' torch path where none serves the call, same bits). No sync."""
+        from .quantize import quantize_experts
+
+        return quantize_experts(self, x, offs, input_scale)
+
+    def quantize_masked(self, x: torch.Tensor,
+                        input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (E, max_m, K) in the masked layout -> (a, sfa) for masked_grouped_mm, as
+        quantize_experts."""
+        from .quantize import quantize_masked
+
+        return quantize_masked(self, x, input_scale)
+
     def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
              sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],
              out: Sequence[torch.Tensor] | None = None, *, alpha: torch.Tensor | None = None,

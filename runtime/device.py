@@ -32,7 +32,7 @@ from cuda.bindings import driver
 from . import cuda, device_tables, launch, tma
 from .dispatch import arch_for_capability
 from .loader import ArtifactStore, LoadedKernel
-from .manifest import KernelEntry
+from .manifest import KernelEntry, Quantizer
 from .params import PackedParams, pack_params
 from .plan import Plan, make_plan, ones_image, pack_aligned, pointer_table_bytes
 
@@ -349,6 +349,21 @@ class DeviceRuntime:
             if ws is None or ws[1] < op.workspace_bytes:
                 ws = self._workspace(stream, op.workspace_bytes, op.header)
             op.launch(stream, (*operands, ws[2], ws[2], alpha))
+        finally:
+            if prev is not None:
+                cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")
+
+    def launch_quantizer(self, q: Quantizer, values: dict[str, int], grid: int) -> None:
+        """Launch activation quantizer `q` (runtime/quantize.py) on this device's current
+        stream: `grid` CTAs of q.block threads, its parameters by role from `values`. It keeps
+        no state between calls, so eager and captured launches are the same."""
+        loaded = self.store.kernel(q, self.device)  # loaded and checked once, then cached
+        params = pack_params(q.params, values)
+        config = launch.make_config(grid, q.block, q.dynamic_smem, q.cluster)
+        stream = self._stream(self.device.ordinal)
+        prev = self._enter()
+        try:
+            launch.launch(loaded.function, config, stream, params.kernel_params)
         finally:
             if prev is not None:
                 cuda.check(driver.cuCtxSetCurrent(prev), "cuCtxSetCurrent")

@@ -19,6 +19,13 @@ Schemas:
     nvfp4::masked_grouped_mm(Tensor a, Tensor b, Tensor sfa, Tensor sfb, Tensor masked_m,
                              int expected_m=-1, str artifacts="default", Tensor? alpha=None,
                              ScalarType out_dtype=torch.bfloat16) -> Tensor
+    nvfp4::act_quant_experts(Tensor x, Tensor offs, Tensor input_scale,
+                             str artifacts="default") -> (Tensor, Tensor)
+    nvfp4::act_quant_masked(Tensor x, Tensor input_scale, str artifacts="default")
+                            -> (Tensor, Tensor)
+
+act_quant_*: `GroupedGemm.quantize_experts` / `quantize_masked` (runtime/quantize.py: the
+artifacts' AOT activation quantizers), input_scale a float32 (E,) tensor of decode scales.
 
 Arguments and results are those of `GroupedGemm.grouped_gemm`: per group a (m, k/2) and b
 (n, k/2) packed fp4, sfa / sfb blocked e4m3 scales, alpha an optional float32 (G,) CUDA tensor,
@@ -55,6 +62,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .activations import (
+    _check_masked_x,
+    _check_offs,
+    _check_scales,
+    _check_x,
+    _quantize_experts_fake,
+    _quantize_masked_fake,
+)
 from .errors import InputError
 from .masked import check_masked_sizes
 from .serving import check_serving_sizes
@@ -336,3 +351,35 @@ def grouped_gemm(a: Sequence[Tensor], b: Sequence[Tensor], sfa: Sequence[Tensor]
     torch.ops.nvfp4.grouped_gemm_out(list(a), list(b), list(sfa), list(sfb), out, artifacts,
                                      alpha)
     return out
+
+
+@torch.library.custom_op(f"{NAMESPACE}::act_quant_experts", mutates_args=())
+def _act_quant_experts(x: Tensor, offs: Tensor, input_scale: Tensor,
+                       artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
+    return lookup(artifacts).quantize_experts(x, offs, input_scale)
+
+
+@_act_quant_experts.register_fake
+def _act_quant_experts_fake(x: Tensor, offs: Tensor, input_scale: Tensor,
+                            artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
+    """The eager checks (runtime/activations.py) and the outputs: a uint8 (T, K // 2), sfa
+    e4m3 1-D with room for any routing."""
+    x = _check_x(x, 2, "(T, K)")
+    offs = _check_offs(offs, x.device)
+    _check_scales(input_scale, offs.shape[0], x.device)
+    return _quantize_experts_fake(x, offs, input_scale)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::act_quant_masked", mutates_args=())
+def _act_quant_masked(x: Tensor, input_scale: Tensor,
+                      artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
+    return lookup(artifacts).quantize_masked(x, input_scale)
+
+
+@_act_quant_masked.register_fake
+def _act_quant_masked_fake(x: Tensor, input_scale: Tensor,
+                           artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
+    """The eager checks and the outputs: a uint8 (E, max_m, K // 2), sfa e4m3 (E, blocked)."""
+    x = _check_masked_x(x)
+    _check_scales(input_scale, x.shape[0], x.device)
+    return _quantize_masked_fake(x, input_scale)

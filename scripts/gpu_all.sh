@@ -50,13 +50,12 @@ for s in "${STEPS[@]}"; do
     masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
     masked_bench) step masked_bench 300 python bench/bench_masked.py --artifacts artifacts \
         --reps 50 --json "$LOG/masked.json" ;;
-    # The sync-free activation quantizers fed to both serving layouts in a graph, and Inductor
-    # compiling a step that quantizes (both run 2026-12-05); then what quantizing costs.
-    activations) step activations 120 python -m pytest -q -rs tests/test_activations_gpu.py ;;
-    # The AOT activation-quantization kernel (experiment; exact on the H200 2026-12-05): build
-    # .act_quant on the CPU machine (CUTE_DSL_ARCH=sm_90a python experiments/act_quant.py
-    # --out .act_quant) and carry it.
-    act_quant) step act_quant 180 python experiments/act_quant_check.py --cubin-dir .act_quant ;;
+    # The sync-free activation quantizers (the torch path and the artifacts' AOT kernels) fed
+    # to both serving layouts in a graph, Inductor compiling a step that quantizes, the AOT
+    # ops; then the AOT kernels against the torch path case by case, and what quantizing costs.
+    activations) step activations 180 python -m pytest -q -rs tests/test_activations_gpu.py \
+        tests/test_quantize_gpu.py ;;
+    act_quant) step act_quant 180 python experiments/act_quant_check.py --artifacts artifacts ;;
     activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 --compiled \
         --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.

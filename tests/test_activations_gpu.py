@@ -91,12 +91,25 @@ def _entry(gg: runtime.GroupedGemm, masked: bool):  # noqa: F811
     return e, len(nk), nk[0][0], nk[0][1], max_m
 
 
-def test_quantize_experts_then_scaled_grouped_mm_in_one_graph(gg) -> None:  # noqa: F811
+def _quantizers(gg: runtime.GroupedGemm, path: str) -> tuple:  # noqa: F811
+    """(quantize_experts, quantize_masked) of `path`: runtime.activations' torch ops, or the
+    artifacts' AOT kernels through gg (skipped where the artifacts have none for this GPU)."""
+    if path == "torch":
+        return quantize_experts, quantize_masked
+    arch = gg.device_runtime(0).arch
+    if gg.store.manifest.quantizer("experts", arch) is None:
+        pytest.skip(f"no quantizers for {arch} in {ARTIFACTS}")
+    return gg.quantize_experts, gg.quantize_masked
+
+
+@pytest.mark.parametrize("path", ["torch", "aot"])
+def test_quantize_experts_then_scaled_grouped_mm_in_one_graph(gg, path) -> None:  # noqa: F811
     """One graph: quantize the static tokens with the static offsets, then the GEMM. Replayed
     with 10 routings (empty experts, all tokens on one expert, none): the quantizer returns the
     codes and scales the tokens were made from, and every owned output row is exact."""
     from serving_check import Weights
 
+    quantize_experts, _ = _quantizers(gg, path)
     e, experts, n, k, max_m = _entry(gg, masked=False)
     t = min(256, max_m or 256)
     w = Weights(experts, n, k, seed=3)
@@ -149,9 +162,11 @@ def test_quantize_experts_then_scaled_grouped_mm_in_one_graph(gg) -> None:  # no
         assert torch.isnan(out[used:].float()).all(), f"routing {i}: rows past offs[-1] written"
 
 
-def test_quantize_masked_then_masked_grouped_mm(gg) -> None:  # noqa: F811
+@pytest.mark.parametrize("path", ["torch", "aot"])
+def test_quantize_masked_then_masked_grouped_mm(gg, path) -> None:  # noqa: F811
     from serving_check import Weights
 
+    _, quantize_masked = _quantizers(gg, path)
     e, experts, n, k, bound = _entry(gg, masked=True)
     max_m = min(48, bound or 48)  # within the kernel's max_m, so that it is the one chosen
     w = Weights(experts, n, k, seed=4)

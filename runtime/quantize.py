@@ -1,0 +1,130 @@
+"""The activation quantizers of an artifact directory (manifest `quantizers`; kernels/sm90/
+act_quant.py), launched for `gg.quantize_experts` and `gg.quantize_masked`:
+
+    a, sfa = gg.quantize_experts(x, offs, input_scale)   # for gg.scaled_grouped_mm(.., offs)
+    a, sfa = gg.quantize_masked(x, input_scale)          # for gg.masked_grouped_mm(..)
+
+The same arguments, results and bits as runtime.activations' functions of those names (their
+docstrings hold the contract: decode scales, NaN poisoning, rows past offs[-1]), in one AOT
+kernel and a memset of sfa instead of some 65 torch kernels: 8-22 us at 512 rows against
+171-496 us (H200, bench/RESULTS.md). Nothing is read on the host, so both capture into CUDA
+graphs that replay every routing.
+
+The kernel serves a call when the manifest holds a quantizer of the layout for x's device, x
+is bfloat16 and the call fits the kernel: at most `max_experts` experts (its tables live in
+shared memory), and its 16-element blocks and sfa bytes in Int32. Any other call (float16 or
+float32 x, a device or artifacts with no quantizer, a larger call) takes runtime.activations'
+torch path, which gives the same bits, slowly; `quantizer_for` says which one a call gets.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .activations import (
+    _check_masked_x,
+    _check_offs,
+    _check_scales,
+    _check_x,
+)
+from .activations import quantize_experts as _torch_experts
+from .activations import quantize_masked as _torch_masked
+from .formats import SF_VEC, blocked_scale_numel, scale_cols, sfa_rows_needed
+from .manifest import Quantizer
+
+__all__ = ["quantize_experts", "quantize_masked", "quantizer_for"]
+
+_INT32_LIMIT = 2 ** 31
+
+
+def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int) -> Quantizer | None:
+    """The quantizer that serves a call of `layout` on x (bf16, on a CUDA device) with
+    `experts` experts, or None when the call takes the torch path (module docstring)."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cuda":
+        return None
+    q = gg.store.manifest.quantizer(layout, gg.device_runtime(x.device).arch)
+    return q if q is not None and fits(q, tuple(x.shape), experts) else None
+
+
+def fits(q: Quantizer, shape: tuple[int, ...], experts: int) -> bool:
+    """Whether quantizer q can take x of `shape` ((T, K) or (E, max_m, K)) with `experts`
+    experts: its tables hold them, and it indexes the 16-element blocks (plus one CTA of
+    threads) and sfa's bytes in Int32."""
+    if q.layout == "experts" and experts > q.max_experts:
+        return False
+    k = shape[-1]
+    blocks = math.prod(shape) // SF_VEC
+    sfa_bytes = (sfa_rows_needed(shape[0], experts) * scale_cols(k) if q.layout == "experts"
+                 else experts * blocked_scale_numel(shape[1], k))
+    return blocks + q.block[0] < _INT32_LIMIT and sfa_bytes < _INT32_LIMIT
+
+
+def _scales32(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
+    """The kernel's float32 (E,) decode scales: a checked real number filled on the device
+    (no host-to-device copy, so capture-safe), or the caller's checked tensor."""
+    checked = _check_scales(input_scale, experts, device)
+    if isinstance(checked, float):
+        return torch.full((experts,), checked, dtype=torch.float32, device=device)
+    return checked.contiguous()
+
+
+def _kernel_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel reads it: contiguous, 16-byte aligned (16-byte vector loads)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any]) -> None:
+    blocks = x.numel() // SF_VEC
+    if not blocks:
+        return
+    values = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    values["blocks"] = blocks
+    gg.device_runtime(x.device).launch_quantizer(q, values, -(-blocks // q.block[0]))
+
+
+@torch.no_grad()
+def quantize_experts(gg: Any, x: torch.Tensor, offs: torch.Tensor,
+                     input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """runtime.activations.quantize_experts through gg's quantizer where one serves the call
+    (module docstring): (a uint8 (T, K // 2), sfa float8_e4m3fn, 1-D, room for any routing)."""
+    x = _check_x(x, 2, "(T, K)")
+    offs = _check_offs(offs, x.device)
+    experts = offs.numel()
+    q = quantizer_for(gg, "experts", x, experts)
+    if q is None:
+        return _torch_experts(x, offs, input_scale)
+    scales = _scales32(input_scale, experts, x.device)
+    x = _kernel_input(x)
+    t, k = x.shape
+    a = torch.empty((t, k // 2), dtype=torch.uint8, device=x.device)
+    # Zeroed: the kernel writes only the scales of rows an expert owns, not the padding.
+    sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
+                      device=x.device)
+    _launch(gg, q, x, {"x": x, "offs": offs.contiguous(), "scales": scales, "a": a, "sfa": sfa,
+                       "rows": t, "k": k, "experts": experts})
+    return a, sfa.view(torch.float8_e4m3fn)
+
+
+@torch.no_grad()
+def quantize_masked(gg: Any, x: torch.Tensor,
+                    input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    """runtime.activations.quantize_masked through gg's quantizer where one serves the call:
+    (a uint8 (E, max_m, K // 2), sfa float8_e4m3fn (E, round_up(max_m, 128) *
+    round_up(K / 16, 4)))."""
+    x = _check_masked_x(x)
+    experts, max_m, k = x.shape
+    q = quantizer_for(gg, "masked", x, experts)
+    if q is None:
+        return _torch_masked(x, input_scale)
+    scales = _scales32(input_scale, experts, x.device)
+    x = _kernel_input(x)
+    a = torch.empty((experts, max_m, k // 2), dtype=torch.uint8, device=x.device)
+    sfa = torch.zeros((experts, blocked_scale_numel(max_m, k)), dtype=torch.uint8,
+                      device=x.device)
+    _launch(gg, q, x, {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
+                       "experts": experts})
+    return a, sfa.view(torch.float8_e4m3fn)

@@ -1,0 +1,140 @@
+"""The artifacts' AOT activation quantizers on the GPU (runtime/quantize.py): bit-equal to
+runtime.activations' torch path on skewed routings with empty experts and rows past offs[-1],
+E up to 1024, K 16..7168, the edge blocks of tests/test_act_quant_kernel.py (ties, near-ties,
+saturation, subnormals, NaN / inf, bad decode scales) and bad offs; no device sync; and the
+torch ops under torch.compile. The graph replay with new routing feeding the GEMMs is in
+tests/test_activations_gpu.py (parametrized over both paths).
+
+Skipped without a GPU or without a quantizer for the device's arch in the artifacts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_act_quant_kernel import edge_blocks
+from test_runtime_gpu import gg  # noqa: F401 - the artifacts fixture
+
+import runtime
+from runtime import activations
+from runtime.quantize import quantizer_for
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _require(gg: runtime.GroupedGemm, layout: str) -> None:  # noqa: F811
+    arch = gg.device_runtime(0).arch
+    if gg.store.manifest.quantizer(layout, arch) is None:
+        pytest.skip(f"no {layout} quantizer for {arch} in the artifacts")
+
+
+def _same(got: tuple, want: tuple, what: str) -> None:
+    for name, g, w in zip(("codes", "scales"), got, want):
+        bad = int((g.view(torch.uint8) != w.view(torch.uint8)).sum())
+        assert g.shape == w.shape and bad == 0, f"{what}: {bad} {name} bytes differ"
+
+
+def _routing(experts: int, tokens: int, skew: bool, gen: torch.Generator) -> torch.Tensor:
+    weights = (torch.arange(experts, 0, -1).float() ** 3 if skew else torch.ones(experts))
+    counts = torch.multinomial(weights, tokens, replacement=True,
+                               generator=gen).bincount(minlength=experts)
+    counts[::7] = 0  # empty experts
+    return counts.cumsum(0).to(torch.int32)
+
+
+EXPERTS_CASES = [(1, 16, 37, False), (8, 48, 300, False), (128, 2048, 512, True),
+                 (256, 7168, 64, True), (32, 2048, 4096, False), (128, 768, 1, False),
+                 (1000, 64, 3000, True), (1024, 32, 20000, False)]
+
+
+@pytest.mark.parametrize("experts,k,tokens,skew", EXPERTS_CASES,
+                         ids=[f"E{e}-K{k}-T{t}" for e, k, t, _ in EXPERTS_CASES])
+def test_the_experts_kernel_gives_the_torch_bits_and_never_syncs(gg, experts, k, tokens,  # noqa: F811
+                                                                 skew) -> None:
+    _require(gg, "experts")
+    gen = torch.Generator().manual_seed(experts + k)
+    offs = _routing(experts, tokens, skew, gen).cuda()
+    t = int(offs[-1]) + 5  # rows past offs[-1]
+    scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
+    for mag in (1e-3, 1.0, 1e3):
+        x = (torch.randn(t, k, generator=gen) * mag).to(torch.bfloat16).cuda()
+        assert quantizer_for(gg, "experts", x, experts) is not None
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = gg.quantize_experts(x, offs, scales)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        _same(got, activations.quantize_experts(x, offs, scales), f"x ~ {mag:g}")
+
+
+def test_edge_blocks_and_bad_offs_give_the_torch_bits(gg) -> None:  # noqa: F811
+    _require(gg, "experts")
+    _require(gg, "masked")
+    for seed in range(3):
+        blocks, gs = edge_blocks(seed)  # one expert of one row per block, K = 16
+        blocks, gs = blocks.cuda(), gs.cuda()
+        for i in range(0, len(blocks), 1024):
+            part = blocks[i:i + 1024]
+            offs = torch.arange(1, len(part) + 1, dtype=torch.int32, device="cuda")
+            _same(gg.quantize_experts(part, offs, gs[i:i + 1024]),
+                  activations.quantize_experts(part, offs, gs[i:i + 1024]),
+                  f"edge blocks seed {seed} rows {i}+")
+        _same(gg.quantize_masked(blocks.view(-1, 1, 16), gs),
+              activations.quantize_masked(blocks.view(-1, 1, 16), gs), f"masked seed {seed}")
+    gen = torch.Generator().manual_seed(9)
+    # Negative, decreasing and past-T ends across the table scan's thread boundaries.
+    for offs in (torch.tensor([10, 5, 900, 3], dtype=torch.int32),
+                 torch.randint(-50, 700, (777,), generator=gen, dtype=torch.int32)):
+        x = torch.randn(600, 48, generator=gen).bfloat16().cuda()
+        offs = offs.cuda()
+        scales = torch.full((offs.numel(),), 0.02, device="cuda")
+        _same(gg.quantize_experts(x, offs, scales),
+              activations.quantize_experts(x, offs, scales), f"bad offs E {offs.numel()}")
+
+
+@pytest.mark.parametrize("experts,max_m,k", [(1, 1, 16), (8, 48, 2048), (32, 129, 7168),
+                                             (256, 16, 768)])
+def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None:  # noqa: F811
+    _require(gg, "masked")
+    gen = torch.Generator().manual_seed(experts)
+    scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
+    x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16).cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = gg.quantize_masked(x, scales)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    _same(got, activations.quantize_masked(x, scales), f"E {experts} max_m {max_m} K {k}")
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_the_ops_compile_fullgraph_with_the_eager_bits(gg, mode) -> None:  # noqa: F811
+    import runtime.torch_op as nvfp4_op
+
+    _require(gg, "experts")
+    _require(gg, "masked")
+    key = nvfp4_op.register(gg, "quantize_gpu_test")
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    experts, k = 16, 256
+    x = (torch.randn(100, k, generator=gen, device="cuda") * 3).to(torch.bfloat16)
+    offs = torch.tensor([6 * g + 3 for g in range(experts)], dtype=torch.int32, device="cuda")
+    scales = torch.full((experts,), 0.02, device="cuda")
+
+    def step(x, offs, scales):
+        a, sfa = torch.ops.nvfp4.act_quant_experts(torch.relu(x) * 2, offs, scales, key)
+        am, sfam = torch.ops.nvfp4.act_quant_masked((x[:96] + 1).reshape(experts, 6, k),
+                                                    scales, key)
+        return a, sfa, am, sfam
+
+    compiled = torch.compile(step, fullgraph=True, mode=mode)
+    for _ in range(3):  # reduce-overhead records its graph on a later call
+        got = [t.clone() for t in compiled(x, offs, scales)]
+    want = step(x, offs, scales)
+    _same(got[:2], want[:2], f"{mode}: experts")
+    _same(got[2:], want[2:], f"{mode}: masked")
+    nvfp4_op.unregister(key)
