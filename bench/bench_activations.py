@@ -1,19 +1,20 @@
-"""What quantizing a serving step's activations costs (runtime.activations.quantize_experts):
-bf16 tokens (T, K) grouped by expert -> NVFP4 a and scaled_grouped_mm's sfa, as an engine runs
-it before each expert GEMM, timed in CUDA graphs (rotated over 4 input sets, new routing each),
-beside its bytes floor (read x, write a and the scales, at the copy rate measured in the same
-run).
+"""What quantizing a serving step's activations costs: bf16 tokens (T, K) grouped by expert ->
+NVFP4 a and scaled_grouped_mm's sfa, as an engine runs it before each expert GEMM, timed in CUDA
+graphs (rotated over 4 input sets, new routing each), beside its bytes floor (read x, write a
+and the scales, at the copy rate measured in the same run). Two paths: runtime.activations'
+torch ops, and with --artifacts the artifacts' AOT quantizer (gg.quantize_experts, its bytes
+checked against the torch path first).
 
-    PYTHONPATH=. python bench/bench_activations.py [--tokens 8 64 512 4096] [--reps 50]
-        [--compiled] [--json F]
+    PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts]
+        [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
 
 --compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
 compile for every shape), after checking its bytes: what an engine that compiles its step gets.
 The quantizer is one opaque custom op to Inductor (traced through, its Triton compile failed on
 the H200, 2026-12-05), so this column checks that compiling works and costs what eager does.
 
-The quantizer is torch operations (float64 rounding decisions): correct and sync-free, not a
-fast kernel. This measures how far from its floor it is, which says whether a kernel is owed.
+The torch path is torch operations (float64 rounding decisions): correct and sync-free, not a
+fast kernel; the AOT kernel is what serving should run.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor
 
 
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
-               copy_gbs: float, compiled: Any = None) -> dict:
+               copy_gbs: float, compiled: Any = None, gg: Any = None) -> dict:
     t = tokens * topk
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
@@ -68,11 +69,20 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
     us = time_graphs(graphs, reps)
     compiled_us = None if compiled is None else time_compiled(
         compiled, sets, scales, reps, f"{name} {tokens}")
+    aot_us = None
+    if gg is not None:
+        got, want = gg.quantize_experts(*sets[0], scales), quantize_experts(*sets[0], scales)
+        if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+               for g, w in zip(got, want)):
+            raise SystemExit(f"{name} {tokens}: the AOT quantizer's bytes differ")
+        aot_us = round(time_graphs([capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales))
+                                    for x, o in sets], reps), 1)
     moved = t * k * 2 + t * k // 2 + sfa_rows_needed(t, experts) * (-(-k // 64) * 4)
     floor_us = moved / copy_gbs / 1e3  # copy_gbs counts read + write bytes, as `moved` does
     return {"layer": name, "experts": experts, "k": k, "tokens": tokens, "rows": t,
-            "us": round(us, 1), "compiled_us": compiled_us, "floor_us": round(floor_us, 2),
-            "floor_pct": round(100 * floor_us / us, 1)}
+            "us": round(us, 1), "compiled_us": compiled_us, "aot_us": aot_us,
+            "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / us, 1),
+            "aot_floor_pct": None if aot_us is None else round(100 * floor_us / aot_us, 1)}
 
 
 def time_compiled(compiled: Any, sets: list, scales: torch.Tensor, reps: int,
@@ -95,13 +105,15 @@ def time_compiled(compiled: Any, sets: list, scales: torch.Tensor, reps: int,
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| input of | E | K | tokens x k | quantize us | compiled us | bytes floor us "
-             "| % floor |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| input of | E | K | tokens x k | torch path us | compiled us | AOT kernel us "
+             "| bytes floor us | % floor (torch / AOT) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         compiled = "-" if r.get("compiled_us") is None else r["compiled_us"]
+        aot = "-" if r.get("aot_us") is None else r["aot_us"]
+        aot_pct = "-" if r.get("aot_floor_pct") is None else r["aot_floor_pct"]
         lines.append(f"| {r['layer']} | {r['experts']} | {r['k']} | {r['tokens']} x "
-                     f"{r['rows'] // r['tokens']} | {r['us']} | {compiled} | {r['floor_us']} | "
-                     f"{r['floor_pct']} |")
+                     f"{r['rows'] // r['tokens']} | {r['us']} | {compiled} | {aot} | "
+                     f"{r['floor_us']} | {r['floor_pct']} / {aot_pct} |")
     return "\n".join(lines)
 
 
@@ -111,6 +123,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--compiled", action="store_true",
                     help="also time torch.compile(quantize_experts) (exactness checked first)")
+    ap.add_argument("--artifacts", default=None,
+                    help="also time these artifacts' AOT quantizer (gg.quantize_experts)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -119,7 +133,12 @@ def main() -> int:
     _, copy_gbs = measure_ceilings()
     compiled = (torch.compile(quantize_experts, fullgraph=True, dynamic=True)
                 if args.compiled else None)
-    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled)
+    gg = None
+    if args.artifacts:
+        import runtime
+
+        gg = runtime.load(args.artifacts)
+    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg)
             for name, e, k, topk in LAYERS for tok in args.tokens]
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))

@@ -56,8 +56,8 @@ for s in "${STEPS[@]}"; do
     activations) step activations 180 python -m pytest -q -rs tests/test_activations_gpu.py \
         tests/test_quantize_gpu.py ;;
     act_quant) step act_quant 180 python experiments/act_quant_check.py --artifacts artifacts ;;
-    activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 --compiled \
-        --json "$LOG/activations.json" ;;
+    activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 \
+        --compiled --artifacts artifacts --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
     extras) step extras 150 python experiments/serving_extras.py --artifacts artifacts ;;
     # Decode-tile variants A/B (build .artifacts_ab from experiments/decode_ab.yaml first, or
