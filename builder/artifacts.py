@@ -233,6 +233,26 @@ def copy_cubin(src: Path, staging: Path, rel: str) -> None:
     shutil.copyfile(src, dst)
 
 
+def _take_cubin(sources: dict[str, tuple[Path, Any]], d: Path, k: Any, same: bool,
+                differ: str) -> None:
+    """Note that kernel or quantizer k's cubin comes from shard d, unless its key came from an
+    earlier shard (whose record must be the `same`: else BuildError saying how they `differ`);
+    the cubin must be there and match its sha256."""
+    if k.key in sources:
+        if not same:
+            raise BuildError(f"{k.name} is in {sources[k.key][0]} and in {d} {differ}; were "
+                             "the shards built with different DSL or sources?")
+        return
+    try:
+        path = cubin_path(d, k)
+    except ArtifactError as exc:
+        raise BuildError(f"cannot merge {d}: {exc}") from exc
+    if not path.is_file() or sha256_file(path) != k.sha256:
+        raise BuildError(f"cannot merge {d}: cubin {k.cubin} of {k.name} is missing or "
+                         "does not match its sha256; run `verify` on it")
+    sources[k.key] = (d, k)
+
+
 def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Any]]]:
     """One manifest from shard directories, and (source dir, kernel or quantizer record) of
     each cubin to copy."""
@@ -265,37 +285,13 @@ def merge_manifests(dirs: list[Path]) -> tuple[Manifest, list[tuple[Path, Any]]]
                 continue
             chosen[e.name] = (d, e)
         for k in m.kernels:
-            if k.key in cubins:
-                if cubins[k.key][1].sha256 != k.sha256:
-                    raise BuildError(f"kernel {k.name} is in {cubins[k.key][0]} and in {d} with "
-                                     "different cubins (sha256); were the shards built with "
-                                     "different DSL or sources?")
-                continue
-            try:
-                path = cubin_path(d, k)
-            except ArtifactError as exc:
-                raise BuildError(f"cannot merge {d}: {exc}") from exc
-            if not path.is_file() or sha256_file(path) != k.sha256:
-                raise BuildError(f"cannot merge {d}: cubin {k.cubin} of {k.name} is missing or "
-                                 "does not match its sha256; run `verify` on it")
-            cubins[k.key] = (d, k)
+            _take_cubin(cubins, d, k, cubins.get(k.key, (d, k))[1].sha256 == k.sha256,
+                        "with different cubins (sha256)")
     quantizers: dict[str, tuple[Path, Quantizer]] = {}  # key -> where its cubin comes from
     for d, m in loaded:  # every shard builds them: one per key
         for q in m.quantizers:
-            if q.key in quantizers:
-                if quantizers[q.key][1] != q:
-                    raise BuildError(f"quantizer {q.name} differs between "
-                                     f"{quantizers[q.key][0]} and {d}; were the shards built "
-                                     "with different DSL or sources?")
-                continue
-            try:
-                path = cubin_path(d, q)
-            except ArtifactError as exc:
-                raise BuildError(f"cannot merge {d}: {exc}") from exc
-            if not path.is_file() or sha256_file(path) != q.sha256:
-                raise BuildError(f"cannot merge {d}: cubin {q.cubin} of {q.name} is missing or "
-                                 "does not match its sha256; run `verify` on it")
-            quantizers[q.key] = (d, q)
+            _take_cubin(quantizers, d, q, quantizers.get(q.key, (d, q))[1] == q,
+                        "with different records")
     fingerprint, shard = check_shards(loaded)
     first_m = loaded[0][1] if loaded else None
     # Each entry keeps the kernel record of the directory its cubin is copied from.

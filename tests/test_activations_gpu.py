@@ -191,11 +191,26 @@ def test_quantize_masked_then_masked_grouped_mm(gg, path) -> None:  # noqa: F811
             assert torch.equal(out[g, :m], ref), f"{e.name}: expert {g}"
 
 
-def test_inductor_compiles_a_step_that_quantizes() -> None:
+@pytest.mark.parametrize("path,mode", [("torch", "default"), ("aot", "default"),
+                                       ("aot", "reduce-overhead")])
+def test_inductor_compiles_a_step_that_quantizes(gg, path, mode) -> None:  # noqa: F811
     """torch.compile's default backend (Inductor, Triton kernels on the GPU) on a function that
     quantizes and does torch work around it: the bits equal eager. Traced through, Inductor's
     Triton compile of the quantizer's float64 and bit operations failed on the H200
-    (2026-12-05); the quantizers are opaque ops since."""
+    (2026-12-05); the quantizers are opaque ops since. "aot": the artifacts' kernels through
+    torch.ops.nvfp4.act_quant_*, also in reduce-overhead mode (CUDA graphs)."""
+    quantize_experts, quantize_masked = _quantizers(gg, path)
+    if path == "aot":
+        import runtime.torch_op as nvfp4_op
+
+        key = nvfp4_op.register(gg, "activations_gpu_test")
+
+        def quantize_experts(x, offs, scales):
+            return torch.ops.nvfp4.act_quant_experts(x, offs, scales, key)
+
+        def quantize_masked(x, scales):
+            return torch.ops.nvfp4.act_quant_masked(x, scales, key)
+
     gen = torch.Generator(device="cuda").manual_seed(4)
     experts, k = 16, 256
     x = (torch.randn(100, k, generator=gen, device="cuda") * 3).to(torch.bfloat16)
@@ -207,6 +222,8 @@ def test_inductor_compiles_a_step_that_quantizes() -> None:
         am, sfam = quantize_masked((x[:96] + 1).reshape(experts, 6, k), scales)
         return a, sfa, am, sfam
 
-    compiled = torch.compile(step, fullgraph=True)
-    for got, want in zip(compiled(x, offs, scales), step(x, offs, scales)):
-        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    compiled = torch.compile(step, fullgraph=True, mode=mode)
+    for _ in range(3):  # reduce-overhead records its graph on a later call
+        got = [t.clone() for t in compiled(x, offs, scales)]
+    for g, want in zip(got, step(x, offs, scales)):
+        assert torch.equal(g.view(torch.uint8), want.view(torch.uint8))

@@ -1,8 +1,8 @@
 """The artifacts' AOT activation quantizers on the GPU (runtime/quantize.py): bit-equal to
 runtime.activations' torch path on skewed routings with empty experts and rows past offs[-1],
 E up to 1024, K 16..7168, the edge blocks of tests/test_act_quant_kernel.py (ties, near-ties,
-saturation, subnormals, NaN / inf, bad decode scales) and bad offs; no device sync; and the
-torch ops under torch.compile. The graph replay with new routing feeding the GEMMs is in
+saturation, subnormals, NaN / inf, bad decode scales) and bad offs; no device sync. The graph
+replay with new routing feeding the GEMMs and the torch ops under torch.compile are in
 tests/test_activations_gpu.py (parametrized over both paths).
 
 Skipped without a GPU or without a quantizer for the device's arch in the artifacts.
@@ -110,31 +110,3 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     finally:
         torch.cuda.set_sync_debug_mode(0)
     _same(got, activations.quantize_masked(x, scales), f"E {experts} max_m {max_m} K {k}")
-
-
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
-def test_the_ops_compile_fullgraph_with_the_eager_bits(gg, mode) -> None:  # noqa: F811
-    import runtime.torch_op as nvfp4_op
-
-    _require(gg, "experts")
-    _require(gg, "masked")
-    key = nvfp4_op.register(gg, "quantize_gpu_test")
-    gen = torch.Generator(device="cuda").manual_seed(4)
-    experts, k = 16, 256
-    x = (torch.randn(100, k, generator=gen, device="cuda") * 3).to(torch.bfloat16)
-    offs = torch.tensor([6 * g + 3 for g in range(experts)], dtype=torch.int32, device="cuda")
-    scales = torch.full((experts,), 0.02, device="cuda")
-
-    def step(x, offs, scales):
-        a, sfa = torch.ops.nvfp4.act_quant_experts(torch.relu(x) * 2, offs, scales, key)
-        am, sfam = torch.ops.nvfp4.act_quant_masked((x[:96] + 1).reshape(experts, 6, k),
-                                                    scales, key)
-        return a, sfa, am, sfam
-
-    compiled = torch.compile(step, fullgraph=True, mode=mode)
-    for _ in range(3):  # reduce-overhead records its graph on a later call
-        got = [t.clone() for t in compiled(x, offs, scales)]
-    want = step(x, offs, scales)
-    _same(got[:2], want[:2], f"{mode}: experts")
-    _same(got[2:], want[2:], f"{mode}: masked")
-    nvfp4_op.unregister(key)

@@ -15,6 +15,7 @@ import pytest
 from conftest import Fake, tree_hash
 
 from builder.build import build, merge
+from builder.errors import BuildError
 from builder.families import load_families
 from builder.package import build_wheel
 from builder.plan import expand, expand_quantizers, shard
@@ -106,6 +107,22 @@ def test_selective_builds_keep_them_and_shards_merge_to_the_full_build(fake: Fak
     assert (tmp_path / "merged" / MANIFEST_NAME).read_text() == \
         (full / MANIFEST_NAME).read_text()
     assert tree_hash(tmp_path / "merged") == tree_hash(full)
+
+
+def test_merge_refuses_shards_whose_quantizers_differ(fake: Fake, tmp_path: Path) -> None:
+    dirs = [tmp_path / f"shard{i}" for i in range(2)]
+    for i, d in enumerate(dirs):
+        _build(fake, d, part=(i, 2))
+    path = dirs[1] / MANIFEST_NAME
+    obj = json.loads(path.read_text())
+    obj["quantizers"][0]["max_experts"] = 512  # still valid, but not shard 0's record
+    path.write_text(json.dumps(obj))
+    name = obj["quantizers"][0]["name"]
+    with pytest.raises(BuildError, match=f"{name} is in {dirs[0]} and in {dirs[1]} with "
+                                         "different records; were the shards built with "
+                                         "different DSL or sources"):
+        merge(tmp_path / "merged", dirs)
+    assert not (tmp_path / "merged").exists()
 
 
 def test_verify_names_a_damaged_or_missing_quantizer_cubin(fake: Fake, tmp_path: Path) -> None:
