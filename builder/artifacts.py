@@ -134,16 +134,18 @@ class Existing:
 
 
 def _salvage(directory: Path, why: ManifestError) -> Existing:
-    """The kernels of a manifest that fails as a whole which still pass alone: a hand-edited
-    field invalidates its own kernel (recompiled), not every other one. Set entries are not
-    salvaged: the spec gives them again."""
+    """The kernels and quantizers of a manifest that fails as a whole which still pass alone: a
+    hand-edited field invalidates its own record (recompiled), not every other one. Set
+    entries are not salvaged: the spec gives them again."""
     note = f"the existing manifest cannot be reused ({why}); rebuilding everything"
     try:
         obj = json.loads((directory / MANIFEST_NAME).read_text())
         raw, raw_sets = obj["kernels"], obj["sets"]
+        raw_q = obj.get("quantizers") or []
         head = {k: obj[k] for k in ("schema_version", "builder_version", "dsl_version")}
-        if not isinstance(raw, list) or not isinstance(raw_sets, list):
-            raise TypeError("kernels or sets is not a list")
+        if not isinstance(raw, list) or not isinstance(raw_sets, list) \
+                or not isinstance(raw_q, list):
+            raise TypeError("kernels, sets or quantizers is not a list")
         first = parse_manifest({**head, "kernels": [], "sets": []}, str(directory))
     except (OSError, ValueError, RecursionError, KeyError, TypeError, ManifestError):
         return Existing(None, None, (note,))
@@ -153,21 +155,29 @@ def _salvage(directory: Path, why: ManifestError) -> Existing:
         if not isinstance(name, str):
             return Existing(None, None, (note,))
         names.add(name)
-    good, notes = [], []
-    for i, k in enumerate(raw):
-        try:
-            good.append(parse_kernel(k, f"kernels[{i}]"))
-        except ManifestError as exc:
-            label = k.get("name") if isinstance(k, dict) else None
-            notes.append(f"the existing kernel {label or i} cannot be reused ({exc}); "
-                         "recompiling it")
-    if not good:
+    notes: list[str] = []
+    good = _parse_each(raw, parse_kernel, "kernel", "kernels", notes)
+    good_q = _parse_each(raw_q, parse_quantizer, "quantizer", "quantizers", notes)
+    if not good and not good_q:
         return Existing(None, frozenset(names), (note,))
-    if not notes:  # every kernel parses alone: the damage is in the set records
+    if not notes:  # every record parses alone: the damage is in the set records
         notes.append(f"the existing set records cannot be reused ({why}); the spec gives them "
                      "again")
-    return Existing(first.replace(kernels=tuple(good)), frozenset(names),
-                    tuple(notes))
+    return Existing(first.replace(kernels=tuple(good), quantizers=tuple(good_q)),
+                    frozenset(names), tuple(notes))
+
+
+def _parse_each(raw: list, parse: Any, what: str, field: str, notes: list[str]) -> list:
+    """The records of `raw` that parse alone; a note for each that does not."""
+    good = []
+    for i, k in enumerate(raw):
+        try:
+            good.append(parse(k, f"{field}[{i}]"))
+        except ManifestError as exc:
+            label = k.get("name") if isinstance(k, dict) else None
+            notes.append(f"the existing {what} {label or i} cannot be reused ({exc}); "
+                         "recompiling it")
+    return good
 
 
 def read_existing(directory: Path) -> Existing:

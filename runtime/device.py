@@ -242,6 +242,7 @@ class DeviceRuntime:
         self.arch = arch_for_capability(self.device.capability)
         self.label = self.device.label
         self._prepared: dict[str, PreparedKernel] = {}
+        self._quantizers: dict[str, LoadedKernel] = {}  # quantizer key -> loaded function
         self._plans = device_tables.LruCache(PLAN_CACHE)
         self._pointers = device_tables.LruCache(POINTER_CACHE)
         self._arena = device_tables.CaptureArena()
@@ -357,7 +358,12 @@ class DeviceRuntime:
         """Launch activation quantizer `q` (runtime/quantize.py) on this device's current
         stream: `grid` CTAs of q.block threads, its parameters by role from `values`. It keeps
         no state between calls, so eager and captured launches are the same."""
-        loaded = self.store.kernel(q, self.device)  # loaded and checked once, then cached
+        loaded = self._quantizers.get(q.key)
+        if loaded is None:
+            # As _prepare: a first call inside a global-mode graph capture would have the
+            # library load refused as "unsafe" (review of 2026-12-06).
+            with cuda.relaxed_capture_mode():
+                loaded = self._quantizers[q.key] = self.store.kernel(q, self.device)
         params = pack_params(q.params, values)
         config = launch.make_config(grid, q.block, q.dynamic_smem, q.cluster)
         stream = self._stream(self.device.ordinal)

@@ -63,6 +63,12 @@ CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs", "masked_m")
 QUANT_LAYOUTS = ("experts", "masked")
 QUANT_OPERANDS = ("x", "offs", "scales", "a", "sfa")
 QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m")
+# The values runtime/quantize.py passes to each layout's kernel, by role: a record must take
+# each exactly once (a renamed or repeated role would put one pointer in two slots).
+QUANT_ROLES = {"experts": frozenset({"x", "offs", "scales", "a", "sfa", "rows", "k", "experts",
+                                     "blocks"}),
+               "masked": frozenset({"x", "scales", "a", "sfa", "max_m", "k", "experts",
+                                    "blocks"})}
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -704,6 +710,11 @@ def parse_quantizer(obj: Any, source: str) -> Quantizer:
                             f"{q.dynamic_smem}")
     if q.cubin_bytes < 1:
         raise ManifestError(f"{source}.cubin_bytes must be positive, but got {q.cubin_bytes}")
+    roles = [p.operand if p.kind == "operand" else p.value for p in q.params]
+    if len(set(roles)) != len(roles) or set(roles) != QUANT_ROLES[q.layout]:
+        raise ManifestError(f"{source}.params must take each of "
+                            f"{sorted(QUANT_ROLES[q.layout])} once (the {q.layout} layout's "
+                            f"launch values), but take {roles}")
     want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, 0)
     if not want_experts[0] <= q.max_experts <= want_experts[1]:
         raise ManifestError(f"{source}.max_experts must be in {want_experts[0]}.."

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             store = ArtifactStore(p.artifact_dir)  # type: ignore[arg-type]
             if "--verify" in args:
-                for e in store.kernels:
+                for e in (*store.kernels, *store.manifest.quantizers):
                     store.read_cubin(e)
         except ManifestError as exc:
             print(f"{head}\n  UNUSABLE: {exc}")

@@ -78,12 +78,14 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any]) -> None:
+    """Launch q over x's 16-element blocks; `values` holds the tensors (kept alive here until
+    the launch is enqueued: a temporary contiguous copy must not be freed before) and ints."""
     blocks = x.numel() // SF_VEC
     if not blocks:
         return
-    values = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
-    values["blocks"] = blocks
-    gg.device_runtime(x.device).launch_quantizer(q, values, -(-blocks // q.block[0]))
+    args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    args["blocks"] = blocks
+    gg.device_runtime(x.device).launch_quantizer(q, args, -(-blocks // q.block[0]))
 
 
 @torch.no_grad()

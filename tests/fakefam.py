@@ -195,10 +195,14 @@ def compile_kernel(config, *, arch, groups):
         shutil.rmtree(dump, ignore_errors=True)
 '''
 
-SYNTH_QUANT = '''\
+SYNTH_QUANT = '''\\
 import os
 
 from {pkg}.common import fake_elf
+
+# The shipped kernels' parameters (kernels/sm90/act_quant.py), pointers then 32-bit scalars.
+ROLES = {{"experts": (["x", "offs", "scales", "a", "sfa"], ["rows", "k", "experts", "blocks"]),
+         "masked": (["x", "scales", "a", "sfa"], ["max_m", "k", "experts", "blocks"])}}
 
 
 def compile_quantizer(layout, *, arch):
@@ -207,13 +211,20 @@ def compile_quantizer(layout, *, arch):
         with open(path, "a") as f:
             f.write(f"quant {{arch}} {{layout}}\\n")
     symbol = f"fake_quant_{{layout}}"
+    operands, scalars = ROLES[layout]
+    params, decls = [], []
+    for i, name in enumerate(operands + scalars):
+        pointer = i < len(operands)
+        size = 8 if pointer else 4
+        offset = 8 * i if pointer else 8 * len(operands) + 4 * (i - len(operands))
+        params.append({{"name": name, "kind": "operand" if pointer else "scalar",
+                       ("operand" if pointer else "value"): name, "offset": offset,
+                       "size": size, "align": size}})
+        decls.append(f"\\t.param .u64 .ptr .global .align 16 {{symbol}}_param_{{i}}" if pointer
+                     else f"\\t.param .u32 {{symbol}}_param_{{i}}")
     ptx = (f".version 8.8\\n.target {{arch}}\\n.address_size 64\\n\\n"
-           f".visible .entry {{symbol}}(\\n"
-           f"\\t.param .u64 .ptr .global .align 16 {{symbol}}_param_0,\\n"
-           f"\\t.param .u32 {{symbol}}_param_1\\n)\\n{{{{\\n\\tret;\\n}}}}\\n")
-    params = [{{"name": "x", "kind": "operand", "operand": "x", "offset": 0, "size": 8,
-               "align": 8}},
-              {{"name": "k", "kind": "scalar", "value": "k", "offset": 8, "size": 4, "align": 4}}]
+           f".visible .entry {{symbol}}(\\n" + ",\\n".join(decls)
+           + "\\n)\\n{{\\n\\tret;\\n}}\\n")
     return {{"cubin": fake_elf(arch, symbol, layout), "ptx": ptx, "symbol": symbol,
             "params": params, "block": [256, 1, 1], "dynamic_smem": 0,
             "max_experts": 1024 if layout == "experts" else 0}}

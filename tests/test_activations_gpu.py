@@ -17,6 +17,7 @@ import torch
 from test_runtime_gpu import ARTIFACTS, REPO, gg  # noqa: F401 - gg: the artifacts fixture
 
 import runtime
+import runtime.activations
 from runtime.activations import quantize_experts, quantize_masked
 from runtime.dispatch import dynamic_groups
 from runtime.formats import SF_VEC
@@ -28,6 +29,7 @@ from runtime.nvfp4 import (
     to_blocked,
     to_blocked_grouped,
 )
+from runtime.quantize import quantizer_for
 
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -97,9 +99,19 @@ def _quantizers(gg: runtime.GroupedGemm, path: str) -> tuple:  # noqa: F811
     if path == "torch":
         return quantize_experts, quantize_masked
     arch = gg.device_runtime(0).arch
-    if gg.store.manifest.quantizer("experts", arch) is None:
+    if None in (gg.store.manifest.quantizer("experts", arch),
+                gg.store.manifest.quantizer("masked", arch)):
         pytest.skip(f"no quantizers for {arch} in {ARTIFACTS}")
-    return gg.quantize_experts, gg.quantize_masked
+
+    def experts(x, offs, scales):  # the kernel must serve it, not the torch fallback
+        assert quantizer_for(gg, "experts", x, offs.numel()) is not None
+        return gg.quantize_experts(x, offs, scales)
+
+    def masked(x, scales):
+        assert quantizer_for(gg, "masked", x, x.shape[0]) is not None
+        return gg.quantize_masked(x, scales)
+
+    return experts, masked
 
 
 @pytest.mark.parametrize("path", ["torch", "aot"])
@@ -204,6 +216,9 @@ def test_inductor_compiles_a_step_that_quantizes(gg, path, mode) -> None:  # noq
         import runtime.torch_op as nvfp4_op
 
         key = nvfp4_op.register(gg, "activations_gpu_test")
+        quantize_experts(torch.zeros(2, 256, dtype=torch.bfloat16, device="cuda"),
+                         torch.ones(16, dtype=torch.int32, device="cuda"),
+                         torch.ones(16, device="cuda"))  # asserts the kernel serves the shapes
 
         def quantize_experts(x, offs, scales):
             return torch.ops.nvfp4.act_quant_experts(x, offs, scales, key)
@@ -225,5 +240,8 @@ def test_inductor_compiles_a_step_that_quantizes(gg, path, mode) -> None:  # noq
     compiled = torch.compile(step, fullgraph=True, mode=mode)
     for _ in range(3):  # reduce-overhead records its graph on a later call
         got = [t.clone() for t in compiled(x, offs, scales)]
-    for g, want in zip(got, step(x, offs, scales)):
-        assert torch.equal(g.view(torch.uint8), want.view(torch.uint8))
+    # The reference: eager runtime.activations (the torch path), whatever path was compiled.
+    want = (*runtime.activations.quantize_experts(torch.relu(x) * 2, offs, scales),
+            *runtime.activations.quantize_masked((x[:96] + 1).reshape(experts, 6, k), scales))
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))

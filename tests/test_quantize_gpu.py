@@ -80,9 +80,11 @@ def test_edge_blocks_and_bad_offs_give_the_torch_bits(gg) -> None:  # noqa: F811
         for i in range(0, len(blocks), 1024):
             part = blocks[i:i + 1024]
             offs = torch.arange(1, len(part) + 1, dtype=torch.int32, device="cuda")
+            assert quantizer_for(gg, "experts", part, len(part)) is not None
             _same(gg.quantize_experts(part, offs, gs[i:i + 1024]),
                   activations.quantize_experts(part, offs, gs[i:i + 1024]),
                   f"edge blocks seed {seed} rows {i}+")
+        assert quantizer_for(gg, "masked", blocks.view(-1, 1, 16), len(blocks)) is not None
         _same(gg.quantize_masked(blocks.view(-1, 1, 16), gs),
               activations.quantize_masked(blocks.view(-1, 1, 16), gs), f"masked seed {seed}")
     gen = torch.Generator().manual_seed(9)
@@ -103,6 +105,7 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     gen = torch.Generator().manual_seed(experts)
     scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
     x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16).cuda()
+    assert quantizer_for(gg, "masked", x, experts) is not None
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -110,3 +113,32 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     finally:
         torch.cuda.set_sync_debug_mode(0)
     _same(got, activations.quantize_masked(x, scales), f"E {experts} max_m {max_m} K {k}")
+
+
+def test_a_first_call_inside_a_graph_capture_loads_the_kernel_and_replays_exact() -> None:
+    """No eager warm-up: a fresh GroupedGemm's first quantize is captured, so the quantizer's
+    library load happens under a global-mode capture (it must be allowed, as for the GEMMs);
+    the replay gives the torch path's bits, for new tokens written into the same buffers."""
+    from test_runtime_gpu import ARTIFACTS
+
+    if not (ARTIFACTS / "manifest.json").is_file():
+        pytest.skip(f"no artifacts at {ARTIFACTS}")
+    fresh = runtime.load(ARTIFACTS)
+    _require(fresh, "experts")
+    _require(fresh, "masked")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.zeros(300, 512, dtype=torch.bfloat16, device="cuda")
+    offs = torch.tensor([0, 40, 40, 290], dtype=torch.int32, device="cuda")
+    scales = torch.full((4,), 0.03, device="cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = (*fresh.quantize_experts(x, offs, scales),
+               *fresh.quantize_masked(x[:256].view(4, 64, 512), scales))
+    for _ in range(2):
+        x.copy_((torch.randn(300, 512, generator=gen, device="cuda") * 4).to(torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        _same(got[:2], activations.quantize_experts(x, offs, scales), "captured experts")
+        _same(got[2:], activations.quantize_masked(x[:256].view(4, 64, 512), scales),
+              "captured masked")

@@ -23,7 +23,7 @@ from builder.selection import Selection, spec_fingerprint
 from builder.spec import parse_spec_text
 from builder.verify import verify_dir
 from runtime.errors import ManifestError
-from runtime.manifest import MANIFEST_NAME, load_manifest, parse_manifest
+from runtime.manifest import MANIFEST_NAME, QUANT_ROLES, load_manifest, parse_manifest
 
 SPEC = """\
 schema_version: 1
@@ -62,8 +62,7 @@ def test_quantizers_are_built_recorded_and_verified(fake: Fake, tmp_path: Path) 
     for q in m.quantizers:
         assert q.name == f"act_quant_{q.layout}.sm_90a.{q.key[:12]}"
         assert q.cubin == f"cubins/{q.name}.cubin" and (out / q.cubin).is_file()
-        assert [(p.kind, p.operand or p.value) for p in q.params] == [("operand", "x"),
-                                                                      ("scalar", "k")]
+        assert {p.operand or p.value for p in q.params} == QUANT_ROLES[q.layout]
     assert verify_dir(out) == []
     # The manifest round-trips through the runtime's parser unchanged.
     text = (out / MANIFEST_NAME).read_text()
@@ -87,6 +86,25 @@ def test_a_second_build_reuses_them_and_a_damaged_one_is_recompiled(fake: Fake,
     assert dict(report.quantizers)["act_quant_masked.sm_90a"] is not None
     assert sorted(_quant_compiles(fake)) == ["quant sm_90a experts", "quant sm_90a masked",
                                              "quant sm_90a masked"]
+    assert tree_hash(out) == before and verify_dir(out) == []
+
+
+def test_a_damaged_quantizer_record_costs_only_its_own_recompile(fake: Fake,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "artifacts"
+    _build(fake, out)
+    before = tree_hash(out)
+    path = out / MANIFEST_NAME
+    obj = json.loads(path.read_text())
+    obj["quantizers"][1]["layout"] = "rows"
+    path.write_text(json.dumps(obj))
+    report = _build(fake, out)
+    assert any(n.startswith("the existing quantizer act_quant_masked.sm_90a.") and
+               "layout must be one of ['experts', 'masked'], but got 'rows'" in n and
+               n.endswith("recompiling it") for n in report.notes), report.notes
+    assert sorted(_quant_compiles(fake)) == ["quant sm_90a experts", "quant sm_90a masked",
+                                             "quant sm_90a masked"]
+    assert len([r for r in report.rows if r.status == "reused"]) == len(report.rows)
     assert tree_hash(out) == before and verify_dir(out) == []
 
 
@@ -213,6 +231,21 @@ def test_quantizer_parameters_take_their_own_names_only(manifest_obj: dict) -> N
     q["params"][0].update(operand=None, kind="table", table="pointers")
     assert ("m.quantizers[1].params[0].kind must be one of ['operand', 'scalar'], but got "
             "'table'") in _refused(manifest_obj)
+
+
+@pytest.mark.parametrize("edit,took", [
+    (lambda ps: ps[1].update(operand="x", name="x"),  # offs renamed: x's pointer in two slots
+     "['x', 'x', 'scales', 'a', 'sfa', 'rows', 'k', 'experts', 'blocks']"),
+    (lambda ps: ps[5].update(value="max_m"),  # the masked layout's scalar
+     "['x', 'offs', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks']"),
+    (lambda ps: ps.clear(), "[]"),
+])
+def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj: dict, edit,
+                                                                   took: str) -> None:
+    edit(manifest_obj["quantizers"][0]["params"])
+    assert ("m.quantizers[0].params must take each of ['a', 'blocks', 'experts', 'k', 'offs', "
+            "'rows', 'scales', 'sfa', 'x'] once (the experts layout's launch values), but take "
+            + took) in _refused(manifest_obj)
 
 
 def test_two_quantizers_for_one_layout_and_arch_are_refused(manifest_obj: dict) -> None:
