@@ -176,6 +176,33 @@ def test_package_carries_them_unless_their_arch_is_left_out(fake: Fake, tmp_path
     assert not names & files and quantizers == []
 
 
+def test_installed_package_verify_checks_the_quantizer_cubins(fake: Fake, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = tmp_path / "artifacts"
+    _build(fake, out)
+    site = tmp_path / "site"
+    with zipfile.ZipFile(build_wheel(out, tmp_path / "dist", name="quant").wheel) as z:
+        z.extractall(site)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+
+    def verify() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "runtime.packages", "--verify"], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+
+    assert verify().returncode == 0
+    q = load_manifest(out).quantizer("masked", "sm_90a")
+    cubin = site / "nvfp4_artifacts_quant" / "artifacts" / q.cubin
+    cubin.write_bytes(b"\0" + cubin.read_bytes()[1:])
+    proc = verify()
+    assert proc.returncode == 1 and "UNUSABLE" in proc.stdout, proc.stdout
+    assert f"of kernel {q.name!r} has sha256" in proc.stdout
+
+
 # --------------------------------------------------------------------------------------------
 # The manifest's quantizer records
 # --------------------------------------------------------------------------------------------
