@@ -1,0 +1,14 @@
+import torch
+import runtime
+gg = runtime.load("artifacts")
+rt = gg.device_runtime(0)
+q = gg.store.manifest.quantizer("experts", rt.arch)
+torch.zeros(1, device="cuda")
+torch.cuda.synchronize()
+g = torch.cuda.CUDAGraph()
+try:
+    with torch.cuda.graph(g):
+        gg.store.kernel(q, rt.device)  # the library load with no relaxed mode (before 889f8f9)
+    print("load under global capture without relaxed mode: ok")
+except Exception as e:
+    print("load under global capture without relaxed mode failed:", type(e).__name__, str(e)[:300])
