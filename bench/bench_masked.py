@@ -10,8 +10,8 @@ of the experts empty; `expected_m` = fill * max_m (the host hint). Timed in CUDA
 over >= 4 input sets: ours (a (E, max_m, K/2), masked_m on the device), torch._grouped_mm bf16
 and torch._scaled_grouped_mm fp8 row-wise on the valid rows packed back to back (what an engine
 without a masked kernel would run, packing not timed). Floors: the fp4 bytes of the experts with
-tokens (weights + scales, A and C of the valid rows) at the run's copy rate through the SMs,
-and the bf16-MMA FLOPs of the valid rows. Checked: our valid rows equal torch._grouped_mm's bit
+tokens (weights + scales, A and C of the valid rows) at the run's read rate (bench_models.
+sm_read_gbs; the copy rate through the SMs until 2026-12-06), and the bf16-MMA FLOPs of the valid rows. Checked: our valid rows equal torch._grouped_mm's bit
 for bit (EXACT_DATA values). Results: bench/RESULTS.md, "Masked layout" (H200, 2026-12-04).
 """
 
@@ -42,6 +42,7 @@ from bench_models import (
     layer_weight_bytes,
     mma_flops,
     sm_copy_gbs,
+    sm_read_gbs,
     time_fp8_grouped,
     time_grouped_mm,
     weight_sets,
@@ -95,7 +96,7 @@ def make_masked_inputs(layer: Layer, max_m: int, counts: list[int], seed: int) -
 
 def bench_case(gg: Any, layer: Layer, max_m: int, fill: float, wsets: list, ceilings: tuple,
                reps: int, seed: int) -> dict:
-    (tflops, gbs), n, k, e = ceilings, layer.n, layer.k, layer.experts
+    (tflops, gbs), n, k, e = ceilings[:2], layer.n, layer.k, layer.experts
     counts = masked_counts(e, max_m, fill, seed)
     rows = sum(counts)
     n_sets = input_sets(layer_weight_bytes(layer), e * max_m * (k // 2 + k // 16))
@@ -159,7 +160,7 @@ def main() -> int:
     if not layers:
         print(f"no masked-layout set entry for {arch} (bf16) in {args.artifacts}")
         return 1
-    ceilings = (measure_ceilings()[0], sm_copy_gbs())
+    ceilings = (measure_ceilings()[0], sm_read_gbs(), sm_copy_gbs())
     rows = []
     for layer in layers:
         wsets = [Weights(layer, args.seed + j)
@@ -172,7 +173,8 @@ def main() -> int:
         del wsets
         torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}, {arch}, bf16 out, fill {args.fill}, reps "
-          f"{args.reps}; copy {ceilings[1]:.0f} GB/s, bf16 {ceilings[0]:.0f} TFLOP/s\n")
+          f"{args.reps}; read {ceilings[1]:.0f} GB/s (the fp4 floor's), copy "
+          f"{ceilings[2]:.0f} GB/s, bf16 {ceilings[0]:.0f} TFLOP/s\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"ceilings": ceilings, "rows": rows}, indent=1))

@@ -26,8 +26,9 @@ kernel serves (rows <= max_m, rows * N < 2^31). Timed in one process on the same
   fp8     torch._scaled_grouped_mm row-wise on e4m3 copies (exact: the values fit), scales 1;
           "n/a" where it does not run
   floors  fp4 bytes (weights + scales of the experts with tokens, A + scales, C) at the run's
-          copy bandwidth through the SMs (sm_copy_gbs); FLOPs at its bf16 matmul rate
-          (bench_grouped.measure_ceilings)
+          read bandwidth (sm_read_gbs, as issue 27 asks; until 2026-12-06 the copy bandwidth
+          through the SMs, sm_copy_gbs, which JSON still records); FLOPs at its bf16 matmul
+          rate (bench_grouped.measure_ceilings)
 Protocol as bench_grouped (bench/RESULTS.md): graphs replayed in rotation over >= 4 input sets
 (> 3x L2 together), CUDA-event medians, a spin kernel holding the GPU while replays are
 enqueued. EXACT_DATA values (every fp32 sum exact): our output must equal torch._grouped_mm's
@@ -261,6 +262,14 @@ def sm_copy_gbs() -> float:
     return 2 * 2**30 / time_graphs([capture(lambda: torch.bitwise_not(src, out=dst))], 30) / 1e3
 
 
+def sm_read_gbs() -> float:
+    """Device read bandwidth in GB/s: 1 GiB of float32 summed by torch's reduction kernel in a
+    graph (it reads the bytes and writes one value): the rate a decode GEMM, which mostly
+    reads weights, can reach at best."""
+    src = torch.ones(2**28, dtype=torch.float32, device="cuda")
+    return 2**30 / time_graphs([capture(lambda: src.sum())], 30) / 1e3
+
+
 def dequant_rows(packed: torch.Tensor, plain: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
     """bf16 of NVFP4 rows (exact), in chunks (the float32 temporary of 131072 x 7168 is 4 GB)."""
     out = torch.empty(packed.shape[0], packed.shape[1] * 2, dtype=torch.bfloat16,
@@ -319,10 +328,11 @@ def same_and_close(x: torch.Tensor, y: torch.Tensor, chunk: int = 8192) -> tuple
                                   rtol=1e-2, atol=1e-2)[0] for i in range(0, len(x), chunk))
 
 
-def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float, float],
+def bench_case(gg: Any, case: Case, wsets: list[Weights], ceilings: tuple[float, ...],
                out_name: str, reps: int, seed: int, before: Any = None,
                listed: Any = None) -> dict:
-    layer, (tflops, gbs), dtype = case.layer, ceilings, OUT_TORCH_DTYPES[out_name]
+    # ceilings: bf16 TFLOP/s, read GB/s (the fp4 floor's), copy GB/s
+    layer, (tflops, gbs), dtype = case.layer, ceilings[:2], OUT_TORCH_DTYPES[out_name]
     arch = gg.device_runtime().arch
     rows, n, k = case.rows, layer.n, layer.k
     counts = route(case.tokens, layer.experts, case.topk, seed)
@@ -592,10 +602,10 @@ def main() -> int:
     if not cases:
         print(f"no expert-layer set entry for {arch} and {args.out_dtype} (sets: {names})")
         return 1
-    ceilings = (measure_ceilings()[0], sm_copy_gbs())
-    print(f"{torch.cuda.get_device_name()}: bf16 matmul {ceilings[0]:.0f} TFLOP/s, copy "
-          f"{ceilings[1]:.0f} GB/s (read + write, through the SMs); {len(cases)} cases",
-          flush=True)
+    ceilings = (measure_ceilings()[0], sm_read_gbs(), sm_copy_gbs())
+    print(f"{torch.cuda.get_device_name()}: bf16 matmul {ceilings[0]:.0f} TFLOP/s, read "
+          f"{ceilings[1]:.0f} GB/s (the fp4 floor's), copy {ceilings[2]:.0f} GB/s (read + "
+          f"write, through the SMs); {len(cases)} cases", flush=True)
     rows = []
     for layer, group in itertools.groupby(cases, key=lambda c: c.layer):
         group = list(group)
