@@ -1,3 +1,11 @@
+"""Whether a quantizer's library load is refused inside a global-mode CUDA graph capture when
+it is NOT wrapped in relaxed capture mode (the state before 889f8f9, found by review): loads
+the experts quantizer through the ArtifactStore directly under torch.cuda.graph and prints
+which way it went. tests/test_quantize_gpu.py's cold-capture test checks the fixed path.
+
+    PYTHONPATH=. python experiments/probe_capture.py   # on the GPU, artifacts carried
+"""
+
 import torch
 import runtime
 gg = runtime.load("artifacts")
