@@ -7,7 +7,9 @@ which way it went. tests/test_quantize_gpu.py's cold-capture test checks the fix
 """
 
 import torch
+
 import runtime
+
 gg = runtime.load("artifacts")
 rt = gg.device_runtime(0)
 q = gg.store.manifest.quantizer("experts", rt.arch)
