@@ -9,10 +9,11 @@ Per case: masked_m[e] uniform in [0, 2 * fill * max_m] capped at max_m (fixed se
 of the experts empty; `expected_m` = fill * max_m (the host hint). Timed in CUDA graphs rotated
 over >= 4 input sets: ours (a (E, max_m, K/2), masked_m on the device), torch._grouped_mm bf16
 and torch._scaled_grouped_mm fp8 row-wise on the valid rows packed back to back (what an engine
-without a masked kernel would run, packing not timed). Floors: the fp4 bytes of the experts with
-tokens (weights + scales, A and C of the valid rows) at the run's read rate (bench_models.
-sm_read_gbs; the copy rate through the SMs until 2026-12-06), and the bf16-MMA FLOPs of the valid rows. Checked: our valid rows equal torch._grouped_mm's bit
-for bit (EXACT_DATA values). Results: bench/RESULTS.md, "Masked layout" (H200, 2026-12-04).
+without a masked kernel would run, packing not timed). Floors: the fp4 bytes of the experts
+with tokens (weights + scales, A and C of the valid rows) at the run's read rate
+(bench_models.sm_read_gbs; the copy rate through the SMs until 2026-12-06), and the bf16-MMA
+FLOPs of the valid rows. Checked: our valid rows equal torch._grouped_mm's bit for bit
+(EXACT_DATA values). Results: bench/RESULTS.md, "Masked layout" (H200, 2026-12-04).
 """
 
 from __future__ import annotations
