@@ -51,6 +51,10 @@ def cubin_relpath(item: BuildItem) -> str:
     return f"cubins/{item.kernel_name}.cubin"
 
 
+def quantizer_relpath(item: QuantItem) -> str:
+    return f"cubins/{item.record_name}.cubin"
+
+
 def new_kernel(item: BuildItem, facts: dict[str, Any], sha256: str, nbytes: int) -> Kernel:
     """The kernel record from a worker's launch facts (the objects that built the kernel),
     typed by the runtime's own parser: one conversion from the families' dicts."""
@@ -69,7 +73,7 @@ def new_quantizer(item: QuantItem, facts: dict[str, Any], sha256: str,
     """The quantizer record from a worker's facts (kernels/sm90/act_quant.compile_quantizer),
     typed and checked by the runtime's own parser."""
     record = {**facts, "key": item.key, "name": item.record_name, "layout": item.layout,
-              "arch": item.arch, "cubin": f"cubins/{item.record_name}.cubin", "sha256": sha256,
+              "arch": item.arch, "cubin": quantizer_relpath(item), "sha256": sha256,
               "cubin_bytes": nbytes}
     try:
         return parse_quantizer(json.loads(json.dumps(record)), item.record_name)
@@ -83,7 +87,7 @@ def reusable_quantizer(item: QuantItem, old: Manifest | None, directory: Path) -
     for q in old.quantizers if old is not None else ():
         if q.key == item.key and (q.layout, q.arch, q.name) == (item.layout, item.arch,
                                                                 item.record_name) \
-                and q.cubin == f"cubins/{item.record_name}.cubin" and _intact(q, directory):
+                and q.cubin == quantizer_relpath(item) and _intact(q, directory):
             return q
     return None
 

@@ -26,7 +26,7 @@ for p in (ROOT, ROOT / "bench", ROOT / "tests"):
 
 import runtime
 from runtime.activations import quantize_experts, quantize_masked
-from runtime.quantize import quantizer_for
+from runtime.quantize import _launch, quantizer_for
 
 
 class ActQuantKernels:
@@ -52,11 +52,8 @@ class ActQuantKernels:
         """The experts kernel alone, into a and sfa (no allocation, no memset)."""
         t, k = x.shape
         q = self._require("experts", x, offs.numel())
-        blocks = t * k // 16
-        values = {"x": x.data_ptr(), "offs": offs.data_ptr(), "scales": scales.data_ptr(),
-                  "a": a.data_ptr(), "sfa": sfa.data_ptr(), "rows": t, "k": k,
-                  "experts": offs.numel(), "blocks": blocks}
-        self.gg.device_runtime(x.device).launch_quantizer(q, values, -(-blocks // q.block[0]))
+        _launch(self.gg, q, x, {"x": x, "offs": offs, "scales": scales, "a": a, "sfa": sfa,
+                                "rows": t, "k": k, "experts": offs.numel()})
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._require("masked", x, x.shape[0])

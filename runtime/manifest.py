@@ -358,10 +358,6 @@ class Quantizer(Record):
     # No cluster: the loader's checks read one.
     cluster = property(lambda self: (1, 1, 1))
 
-    @property
-    def param_bytes(self) -> int:
-        return max((p.offset + p.size for p in self.params), default=0)
-
     def record(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in fields(self)}
         out["block"] = list(self.block)
@@ -680,13 +676,11 @@ def _parse_kernel(r: _Reader) -> Kernel:
     return k
 
 
-# The threads of one quantizer CTA, and its shared memory: what a launch may ask for.
-_MAX_BLOCK_THREADS = 1024
-_MAX_QUANT_SMEM = 227 * 1024
-
-
 def parse_quantizer(obj: Any, source: str) -> Quantizer:
     """One quantizer record, typed and checked (its values too: they size the launch)."""
+    # The launch limits a kernel's record is held to (entry_rules imports this module).
+    from .entry_rules import MAX_DYNAMIC_SMEM, MAX_THREADS
+
     r = _Reader(obj, source)
     _unknown_keys(r, fields(Quantizer), "with the fields of a quantizer record")
     q = Quantizer(
@@ -702,11 +696,11 @@ def parse_quantizer(obj: Any, source: str) -> Quantizer:
         raise ManifestError(f"{source}.name must be {quantizer_name(q.layout, q.arch, q.key)!r} "
                             f"(act_quant_<layout>.<arch>.<key[:12]>), but got {q.name!r}")
     threads = q.block[0] * q.block[1] * q.block[2]
-    if min(q.block) < 1 or threads > _MAX_BLOCK_THREADS or q.block[1:] != (1, 1):
+    if min(q.block) < 1 or threads > MAX_THREADS or q.block[1:] != (1, 1):
         raise ManifestError(f"{source}.block must be [threads, 1, 1] with 1 <= threads <= "
-                            f"{_MAX_BLOCK_THREADS}, but got {list(q.block)}")
-    if not 0 <= q.dynamic_smem <= _MAX_QUANT_SMEM:
-        raise ManifestError(f"{source}.dynamic_smem must be in 0..{_MAX_QUANT_SMEM}, but got "
+                            f"{MAX_THREADS}, but got {list(q.block)}")
+    if not 0 <= q.dynamic_smem <= MAX_DYNAMIC_SMEM:
+        raise ManifestError(f"{source}.dynamic_smem must be in 0..{MAX_DYNAMIC_SMEM}, but got "
                             f"{q.dynamic_smem}")
     if q.cubin_bytes < 1:
         raise ManifestError(f"{source}.cubin_bytes must be positive, but got {q.cubin_bytes}")

@@ -32,20 +32,17 @@ from .activations import (
 )
 from .activations import quantize_experts as _torch_experts
 from .activations import quantize_masked as _torch_masked
-from .formats import SF_VEC, blocked_scale_numel, scale_cols, sfa_rows_needed
+from .formats import INT32_LIMIT, SF_VEC, blocked_scale_numel, scale_cols, sfa_rows_needed
 from .manifest import Quantizer
 
 __all__ = ["quantize_experts", "quantize_masked", "quantizer_for"]
-
-_INT32_LIMIT = 2 ** 31
-
 
 def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int) -> Quantizer | None:
     """The quantizer that serves a call of `layout` on x (bf16, on a CUDA device) with
     `experts` experts, or None when the call takes the torch path (module docstring)."""
     if x.dtype != torch.bfloat16 or x.device.type != "cuda":
         return None
-    q = gg.store.manifest.quantizer(layout, gg.device_runtime(x.device).arch)
+    q = gg.store.manifest.quantizer(layout, gg._runtime(x.device.index).arch)
     return q if q is not None and fits(q, tuple(x.shape), experts) else None
 
 
@@ -59,7 +56,7 @@ def fits(q: Quantizer, shape: tuple[int, ...], experts: int) -> bool:
     blocks = math.prod(shape) // SF_VEC
     sfa_bytes = (sfa_rows_needed(shape[0], experts) * scale_cols(k) if q.layout == "experts"
                  else experts * blocked_scale_numel(shape[1], k))
-    return blocks + q.block[0] < _INT32_LIMIT and sfa_bytes < _INT32_LIMIT
+    return blocks + q.block[0] < INT32_LIMIT and sfa_bytes < INT32_LIMIT
 
 
 def _scales32(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
@@ -85,7 +82,8 @@ def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any]) -> N
         return
     args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     args["blocks"] = blocks
-    gg.device_runtime(x.device).launch_quantizer(q, args, -(-blocks // q.block[0]))
+    # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
+    gg._runtime(x.device.index).launch_quantizer(q, args, -(-blocks // q.block[0]))
 
 
 @torch.no_grad()

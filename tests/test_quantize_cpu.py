@@ -78,7 +78,7 @@ def _gg(*quantizers: Quantizer):
     manifest = SimpleNamespace(quantizer=lambda layout, arch: next(
         (q for q in quantizers if (q.layout, q.arch) == (layout, arch)), None))
     return SimpleNamespace(store=SimpleNamespace(manifest=manifest),
-                           device_runtime=lambda device: rec), rec
+                           _runtime=lambda ordinal: rec), rec
 
 
 @pytest.fixture
