@@ -5,7 +5,7 @@ and the scales, at the copy rate measured in the same run). Two paths: runtime.a
 torch ops, and with --artifacts the artifacts' AOT quantizer (gg.quantize_experts, its bytes
 checked against the torch path first).
 
-    PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts]
+    PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts [--compare DIR]]
         [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
 
 --compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
     sys.path.insert(0, str(p))
 
-from bench_grouped import capture, measure_ceilings, time_graphs
+from bench_grouped import capture, measure_ceilings, time_graphs, time_interleaved
 
 from runtime.activations import quantize_experts
 from runtime.serving import sfa_rows_needed
@@ -58,8 +58,17 @@ def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
 
 
+def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str) -> list:
+    """gg's AOT quantizer captured once per input set, its bytes checked on the first."""
+    got = gg.quantize_experts(*sets[0], scales)
+    if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want)):
+        raise SystemExit(f"{label}: the AOT quantizer's bytes differ")
+    return [capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales)) for x, o in sets]
+
+
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
-               copy_gbs: float, compiled: Any = None, gg: Any = None) -> dict:
+               copy_gbs: float, compiled: Any = None, gg: Any = None,
+               before: Any = None) -> dict:
     t = tokens * topk
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
@@ -69,18 +78,18 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
     us = time_graphs(graphs, reps)
     compiled_us = None if compiled is None else time_compiled(
         compiled, sets, scales, reps, f"{name} {tokens}")
-    aot_us = None
+    aot_us = before_us = None
     if gg is not None:
-        got, want = gg.quantize_experts(*sets[0], scales), quantize_experts(*sets[0], scales)
-        if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
-               for g, w in zip(got, want)):
-            raise SystemExit(f"{name} {tokens}: the AOT quantizer's bytes differ")
-        aot_us = round(time_graphs([capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales))
-                                    for x, o in sets], reps), 1)
+        want = quantize_experts(*sets[0], scales)
+        variants = [_aot_graphs(q, sets, scales, want, f"{name} {tokens} {label}")
+                    for q, label in ((gg, "--artifacts"), (before, "--compare")) if q is not None]
+        times = [round(us, 1) for us in time_interleaved(variants, reps)]
+        aot_us, before_us = times[0], (times[1] if before is not None else None)
     moved = t * k * 2 + t * k // 2 + sfa_rows_needed(t, experts) * (-(-k // 64) * 4)
     floor_us = moved / copy_gbs / 1e3  # copy_gbs counts read + write bytes, as `moved` does
     return {"layer": name, "experts": experts, "k": k, "tokens": tokens, "rows": t,
             "us": round(us, 1), "compiled_us": compiled_us, "aot_us": aot_us,
+            "before_us": before_us,
             "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / us, 1),
             "aot_floor_pct": None if aot_us is None else round(100 * floor_us / aot_us, 1)}
 
@@ -105,15 +114,16 @@ def time_compiled(compiled: Any, sets: list, scales: torch.Tensor, reps: int,
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| input of | E | K | tokens x k | torch path us | compiled us | AOT kernel us "
-             "| bytes floor us | % floor (torch / AOT) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| input of | E | K | tokens x k | torch path us | compiled us | AOT before us "
+             "| AOT kernel us | bytes floor us | % floor (torch / AOT) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        compiled = "-" if r.get("compiled_us") is None else r["compiled_us"]
-        aot = "-" if r.get("aot_us") is None else r["aot_us"]
-        aot_pct = "-" if r.get("aot_floor_pct") is None else r["aot_floor_pct"]
+        cell = {key: "-" if r.get(key) is None else r[key]
+                for key in ("compiled_us", "before_us", "aot_us", "aot_floor_pct")}
         lines.append(f"| {r['layer']} | {r['experts']} | {r['k']} | {r['tokens']} x "
-                     f"{r['rows'] // r['tokens']} | {r['us']} | {compiled} | {aot} | "
-                     f"{r['floor_us']} | {r['floor_pct']} / {aot_pct} |")
+                     f"{r['rows'] // r['tokens']} | {r['us']} | {cell['compiled_us']} | "
+                     f"{cell['before_us']} | {cell['aot_us']} | {r['floor_us']} | "
+                     f"{r['floor_pct']} / {cell['aot_floor_pct']} |")
     return "\n".join(lines)
 
 
@@ -125,20 +135,26 @@ def main() -> int:
                     help="also time torch.compile(quantize_experts) (exactness checked first)")
     ap.add_argument("--artifacts", default=None,
                     help="also time these artifacts' AOT quantizer (gg.quantize_experts)")
+    ap.add_argument("--compare", default=None, metavar="DIR",
+                    help="with --artifacts: also time DIR's AOT quantizer, its replays "
+                         "interleaved with those of --artifacts (a before/after A/B)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.compare and not args.artifacts:
+        ap.error("--compare needs --artifacts (the quantizer to compare it with)")
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
     _, copy_gbs = measure_ceilings()
     compiled = (torch.compile(quantize_experts, fullgraph=True, dynamic=True)
                 if args.compiled else None)
-    gg = None
+    gg = before = None
     if args.artifacts:
         import runtime
 
         gg = runtime.load(args.artifacts)
-    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg)
+        before = runtime.load(args.compare) if args.compare else None
+    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before)
             for name, e, k, topk in LAYERS for tok in args.tokens]
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))

@@ -62,13 +62,17 @@ CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs", "masked_m")
 # these names (a vocabulary of their own: they share no table or operand with the GEMMs).
 QUANT_LAYOUTS = ("experts", "masked")
 QUANT_OPERANDS = ("x", "offs", "scales", "a", "sfa")
-QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m")
+QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m", "sfa_chunks")
 # The values runtime/quantize.py passes to each layout's kernel, by role: a record must take
 # each exactly once (a renamed or repeated role would put one pointer in two slots).
 QUANT_ROLES = {"experts": frozenset({"x", "offs", "scales", "a", "sfa", "rows", "k", "experts",
                                      "blocks"}),
                "masked": frozenset({"x", "scales", "a", "sfa", "max_m", "k", "experts",
                                     "blocks"})}
+# Taken at most once by either layout: `sfa_chunks` (sfa's 16-byte chunks) marks a kernel
+# that writes every byte of sfa, its padding's zeros from CTAs after the quantizing ones
+# (twenty-seventh session); a record without it (built before) needs sfa zeroed first.
+QUANT_OPTIONAL_ROLES = frozenset({"sfa_chunks"})
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -357,6 +361,12 @@ class Quantizer(Record):
 
     # No cluster: the loader's checks read one.
     cluster = property(lambda self: (1, 1, 1))
+
+    @property
+    def fills_sfa(self) -> bool:
+        """Whether the kernel writes all of sfa, padding zeros included (QUANT_OPTIONAL_ROLES):
+        then the runtime launches its filling CTAs and skips the memset."""
+        return any(p.kind == "scalar" and p.value == "sfa_chunks" for p in self.params)
 
     def record(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in fields(self)}
@@ -705,9 +715,10 @@ def parse_quantizer(obj: Any, source: str) -> Quantizer:
     if q.cubin_bytes < 1:
         raise ManifestError(f"{source}.cubin_bytes must be positive, but got {q.cubin_bytes}")
     roles = [p.operand if p.kind == "operand" else p.value for p in q.params]
-    if len(set(roles)) != len(roles) or set(roles) != QUANT_ROLES[q.layout]:
+    if len(set(roles)) != len(roles) or set(roles) - QUANT_OPTIONAL_ROLES != QUANT_ROLES[q.layout]:
         raise ManifestError(f"{source}.params must take each of "
-                            f"{sorted(QUANT_ROLES[q.layout])} once (the {q.layout} layout's "
+                            f"{sorted(QUANT_ROLES[q.layout])} once, and may take "
+                            f"{sorted(QUANT_OPTIONAL_ROLES)} once (the {q.layout} layout's "
                             f"launch values), but take {roles}")
     want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, 0)
     if not want_experts[0] <= q.max_experts <= want_experts[1]:

@@ -6,8 +6,9 @@ act_quant.py), launched for `gg.quantize_experts` and `gg.quantize_masked`:
 
 The same arguments, results and bits as runtime.activations' functions of those names (their
 docstrings hold the contract: decode scales, NaN poisoning, rows past offs[-1]), in one AOT
-kernel and a memset of sfa instead of some 65 torch kernels: 8-22 us at 512 rows against
-171-496 us (H200, bench/RESULTS.md). Nothing is read on the host, so both capture into CUDA
+kernel (its last CTAs write sfa's padding zeros; a quantizer built before 2026-12-07 needs
+a memset of sfa first) instead of some 65 torch kernels: 8-22 us at 512 rows against 171-496 us
+(H200, bench/RESULTS.md). Nothing is read on the host, so both capture into CUDA
 graphs that replay every routing.
 
 The kernel serves a call when the manifest holds a quantizer of the layout for x's device, x
@@ -74,16 +75,35 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
+# 16-byte chunks of sfa each filling thread writes (a grid-stride loop: any count is correct;
+# 4 puts 64 bytes on a thread, and a decode call's 2 MB on about one CTA per SM).
+FILL_CHUNKS_PER_THREAD = 4
+
+
+def _new_sfa(q: Quantizer, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """sfa for q to write: uninitialized when q writes its padding too (Quantizer.fills_sfa),
+    else zeroed (a quantizer built before writes only the scales of real rows)."""
+    new = torch.empty if q.fills_sfa else torch.zeros
+    return new(shape, dtype=torch.uint8, device=device)
+
+
 def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any]) -> None:
-    """Launch q over x's 16-element blocks; `values` holds the tensors (kept alive here until
-    the launch is enqueued: a temporary contiguous copy must not be freed before) and ints."""
+    """Launch q over x's 16-element blocks, then (Quantizer.fills_sfa) the CTAs that zero
+    sfa's padding; `values` holds the tensors (kept alive here until the launch is enqueued: a
+    temporary contiguous copy must not be freed before) and ints."""
     blocks = x.numel() // SF_VEC
-    if not blocks:
+    chunks = values["sfa"].numel() // 16
+    if not blocks and not (q.fills_sfa and chunks):
         return
     args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     args["blocks"] = blocks
+    threads = q.block[0]
+    grid = -(-blocks // threads)
+    if q.fills_sfa:
+        args["sfa_chunks"] = chunks
+        grid += max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
     # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
-    gg._runtime(x.device.index).launch_quantizer(q, args, -(-blocks // q.block[0]))
+    gg._runtime(x.device.index).launch_quantizer(q, args, grid)
 
 
 @torch.no_grad()
@@ -101,9 +121,7 @@ def quantize_experts(gg: Any, x: torch.Tensor, offs: torch.Tensor,
     x = _kernel_input(x)
     t, k = x.shape
     a = torch.empty((t, k // 2), dtype=torch.uint8, device=x.device)
-    # Zeroed: the kernel writes only the scales of rows an expert owns, not the padding.
-    sfa = torch.zeros(sfa_rows_needed(t, experts) * scale_cols(k), dtype=torch.uint8,
-                      device=x.device)
+    sfa = _new_sfa(q, (sfa_rows_needed(t, experts) * scale_cols(k),), x.device)
     _launch(gg, q, x, {"x": x, "offs": offs.contiguous(), "scales": scales, "a": a, "sfa": sfa,
                        "rows": t, "k": k, "experts": experts})
     return a, sfa.view(torch.float8_e4m3fn)
@@ -123,8 +141,7 @@ def quantize_masked(gg: Any, x: torch.Tensor,
     scales = _scales32(input_scale, experts, x.device)
     x = _kernel_input(x)
     a = torch.empty((experts, max_m, k // 2), dtype=torch.uint8, device=x.device)
-    sfa = torch.zeros((experts, blocked_scale_numel(max_m, k)), dtype=torch.uint8,
-                      device=x.device)
+    sfa = _new_sfa(q, (experts, blocked_scale_numel(max_m, k)), x.device)
     _launch(gg, q, x, {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
                        "experts": experts})
     return a, sfa.view(torch.float8_e4m3fn)

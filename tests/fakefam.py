@@ -201,8 +201,9 @@ import os
 from {pkg}.common import fake_elf
 
 # The shipped kernels' parameters (kernels/sm90/act_quant.py), pointers then 32-bit scalars.
-ROLES = {{"experts": (["x", "offs", "scales", "a", "sfa"], ["rows", "k", "experts", "blocks"]),
-         "masked": (["x", "scales", "a", "sfa"], ["max_m", "k", "experts", "blocks"])}}
+ROLES = {{"experts": (["x", "offs", "scales", "a", "sfa"],
+                     ["rows", "k", "experts", "blocks", "sfa_chunks"]),
+         "masked": (["x", "scales", "a", "sfa"], ["max_m", "k", "experts", "blocks", "sfa_chunks"])}}
 
 
 def compile_quantizer(layout, *, arch):

@@ -40,13 +40,17 @@ def kernel_algorithm(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, t
     denom = byte.view(E4M3).double() * gs.double()
     ok = (denom > 0) & ~torch.isnan(amax)
     mag = v.abs()
-    lo = torch.zeros_like(v, dtype=torch.int32)
-    hi = torch.zeros_like(lo)
-    for m in _E2M1_MIDPOINTS:
-        t = m * denom
-        lo += (mag > _directed(t, up=False)[:, None]).int()
-        hi += (mag >= _directed(t, up=True)[:, None]).int()
-    code = torch.where((lo != hi) & (lo % 2 == 1), hi, lo)
+    # e2m1_code: a 3-step binary search of the round-downs, then an odd lo's tie by its
+    # round-up (only midpoints 1, 3, 5; above lo = 7 none: NaN, which inf does not reach).
+    down = torch.stack([_directed(m * denom, up=False) for m in _E2M1_MIDPOINTS], dim=1)
+    up = {b: _directed(_E2M1_MIDPOINTS[b] * denom, up=True)[:, None] for b in (1, 3, 5)}
+    d = [down[:, b:b + 1].expand_as(mag) for b in range(7)]
+    p1 = mag > d[3]
+    p2 = mag > torch.where(p1, d[5], d[1])
+    p3 = mag > torch.where(p2, torch.where(p1, d[6], d[2]), torch.where(p1, d[4], d[0]))
+    u = torch.where(p2, torch.where(p1, float("nan"), up[3]), torch.where(p1, up[5], up[1]))
+    tie = p3 & (mag >= u)
+    code = 4 * p1.int() + 2 * p2.int() + p3.int() + tie.int()
     code = code | torch.where((v < 0) & (code != 0), 8, 0)
     code = torch.where(ok[:, None], code, 0).to(torch.uint8)
     byte = torch.where(amax < float("inf"), byte, 0x7F)
@@ -132,17 +136,24 @@ def test_edge_blocks_hit_ties_and_non_finite_blocks() -> None:
 def kernel_tables(offs: list[int], t: int, threads: int = 256,
                   per_thread: int = 4) -> tuple[list[int], list[int]]:
     """ActQuantExperts' shared-memory tables, step for step: each thread's clamped running max
-    over its experts, a Hillis-Steele max scan of the threads' totals, then the padded rows'
-    thread-local exclusive sums and a Hillis-Steele sum scan (the kernel's barriers separate
-    the reads of one step from its writes, as the list copies do here)."""
+    over its experts, a max scan of the threads' totals, then the padded rows' thread-local
+    exclusive sums and a sum scan. Each scan (_block_scan) is a shuffle scan in each warp (a
+    lane below the distance keeps its value), then the totals of the warps before."""
     n = threads * per_thread
     ends, pstart = [0] * n, [0] * n
 
     def block_scan(values: list[int], op) -> list[int]:
         scan = list(values)
-        for d in (1, 2, 4, 8, 16, 32, 64, 128):
-            scan = [op(scan[i], scan[i - d]) if i >= d else scan[i] for i in range(threads)]
-        return [scan[i - 1] if i else 0 for i in range(threads)]
+        for d in (1, 2, 4, 8, 16):
+            scan = [op(scan[i], scan[i - d]) if i % 32 >= d else scan[i] for i in range(threads)]
+        totals = [scan[w * 32 + 31] for w in range(threads // 32)]
+        out = []
+        for i in range(threads):
+            prefix = scan[i - 1] if i % 32 else 0
+            for w in range(i // 32):
+                prefix = op(prefix, totals[w])
+            out.append(prefix)
+        return out
 
     runs = []
     for tid in range(threads):
@@ -184,3 +195,87 @@ def test_the_kernels_expert_tables_are_runtime_activations(experts) -> None:
         want_ends = _clamped_ends(offs, t)
         assert ends == want_ends.tolist()
         assert pstart == _expert_starts(want_ends)[1].tolist()
+
+
+def blocked_offset(row: int, j: int, k: int) -> int:
+    """act_quant._blocked_offset (facts.md's blocked layout)."""
+    rest_k = (k // 16 + 3) // 4
+    return ((row // 128) * rest_k + j // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 \
+        + j % 4
+
+
+def fill_writes(chunks: int, k: int, owner_rows) -> list[tuple[int, int]]:
+    """_fill_chunks, step for step: the (offset, width) of each zero store over sfa's 16-byte
+    chunks; owner_rows(row0) -> (row0 relative to its owner, the owner's real rows)."""
+    rest_k, kb, out = (k // 16 + 3) // 4, k // 16, []
+    for c in range(chunks):
+        atom, o = divmod(c, 32)
+        rb, jg = divmod(atom, rest_k)
+        rel, m = owner_rows(rb * 128)
+        if rel + o >= m:
+            out.append((c * 16, 16))
+            continue
+        for i in range(4):
+            if rel + i * 32 + o >= m:
+                out.append((c * 16 + i * 4, 4))
+            else:
+                out += [(c * 16 + i * 4 + jj, 1) for jj in range(1, 4) if jg * 4 + jj >= kb]
+    return out
+
+
+def covered_once(nbytes: int, quantized: list[int], zeros: list[tuple[int, int]]) -> bool:
+    """Whether the quantizing threads' scale bytes and the fill's zero stores write every byte
+    of sfa exactly once (no byte left to a memset, none written by both)."""
+    count = torch.zeros(nbytes, dtype=torch.int32)
+    count[torch.tensor(quantized, dtype=torch.long)] += 1
+    for off, width in zeros:
+        count[off:off + width] += 1
+    return bool((count == 1).all())
+
+
+@pytest.mark.parametrize("k", [16, 48, 64, 112, 256])
+@pytest.mark.parametrize("experts", [1, 5, 37])
+def test_the_experts_fill_writes_exactly_what_the_quantizing_threads_do_not(experts, k) -> None:
+    """ActQuantExperts with no memset: for valid, skewed (empty experts), bad (decreasing, past
+    T, negative) offs and rows past offs[-1], the real rows' scale bytes and the fill's zeros
+    cover sfa once (sfa_rows_needed(T, E) rows); K / 16 not a multiple of 4 leaves padding
+    columns in real rows."""
+    from runtime.formats import scale_cols, sfa_rows_needed
+
+    gen = torch.Generator().manual_seed(experts * 1000 + k)
+    t = 300
+    counts = torch.randint(0, 3, (experts,), generator=gen) * torch.randint(0, 140, (experts,),
+                                                                             generator=gen)
+    for offs in (counts.cumsum(0).clamp(max=t - 7).to(torch.int32),
+                 torch.randint(-60, t + 60, (experts,), generator=gen, dtype=torch.int32)):
+        ends, pstart = kernel_tables(offs.tolist(), t)
+        kb = k // 16
+        quantized = []
+        for r in range(t):
+            g = next((i for i, e in enumerate(ends) if e > r), None)
+            if g is not None:
+                prow = pstart[g] + r - (ends[g - 1] if g else 0)
+                quantized += [blocked_offset(prow, j, k) for j in range(kb)]
+
+        def owner_rows(row0: int) -> tuple[int, int]:
+            g = sum(1 for p in pstart if p <= row0) - 1
+            return row0 - pstart[g], ends[g] - (ends[g - 1] if g else 0)
+
+        nbytes = sfa_rows_needed(t, experts) * scale_cols(k)
+        assert covered_once(nbytes, quantized, fill_writes(nbytes // 16, k, owner_rows))
+
+
+@pytest.mark.parametrize("max_m", [1, 31, 128, 130])
+@pytest.mark.parametrize("k", [16, 80, 256])
+def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m, k) -> None:
+    """ActQuantMasked with no memset: the E x max_m rows' scale bytes and the fill's zeros
+    cover sfa (E, round_up(max_m, 128) * scale_cols(k)) once."""
+    from runtime.formats import blocked_scale_numel
+
+    experts, kb = 3, k // 16
+    per_expert = blocked_scale_numel(max_m, k)
+    expert_rows = (max_m + 127) // 128 * 128
+    quantized = [e * per_expert + blocked_offset(r, j, k)
+                 for e in range(experts) for r in range(max_m) for j in range(kb)]
+    zeros = fill_writes(experts * per_expert // 16, k, lambda row0: (row0 % expert_rows, max_m))
+    assert covered_once(experts * per_expert, quantized, zeros)

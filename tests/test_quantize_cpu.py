@@ -27,11 +27,13 @@ def _param(i: int, name: str, kind: str) -> Param:
                  value=name if kind == "scalar" else None)
 
 
-def quantizer(layout: str) -> Quantizer:
-    """A record with the shipped kernels' parameter lists (tests/test_shipped_kernels.py)."""
+def quantizer(layout: str, fills: bool = True) -> Quantizer:
+    """A record with the shipped kernels' parameter lists (tests/test_shipped_kernels.py);
+    fills=False: one built before the kernels wrote sfa's padding (no sfa_chunks)."""
     ops = ["x", "offs", "scales", "a", "sfa"] if layout == "experts" else ["x", "scales", "a",
                                                                           "sfa"]
     scalars = ["rows" if layout == "experts" else "max_m", "k", "experts", "blocks"]
+    scalars += ["sfa_chunks"] if fills else []
     params = [_param(i, n, "operand") for i, n in enumerate(ops)]
     at = 8 * len(ops)
     params += [Param(name=n, kind="scalar", offset=at + 4 * i, size=4, align=4, value=n)
@@ -93,23 +95,51 @@ def on_cuda(monkeypatch):
     monkeypatch.setattr(rq, "quantizer_for", patched)
 
 
-def test_an_experts_call_launches_one_kernel_over_every_block(on_cuda):
-    gg, rec = _gg(quantizer("experts"))
+@pytest.mark.parametrize("fills", [True, False])
+def test_an_experts_call_launches_one_kernel_over_every_block(on_cuda, monkeypatch, fills):
+    """One launch: a CTA per 256 blocks, then (a filling kernel) one per 1024 of sfa's 16-byte
+    chunks into an uninitialized sfa; a kernel built before gets a zeroed sfa and no more."""
+    allocs = []
+    monkeypatch.setattr(rq.torch, "zeros", lambda *a, **kw: allocs.append("zeros")
+                        or torch.full(*a, 0, **kw))
+    monkeypatch.setattr(rq.torch, "empty", lambda *a, **kw: allocs.append("empty")
+                        or torch.full(*a, 0x5A, **kw))
+    gg, rec = _gg(quantizer("experts", fills))
     x = torch.randn(300, 96).bfloat16()
     offs = torch.tensor([10, 10, 250], dtype=torch.int32)
     a, sfa = rq.quantize_experts(gg, x, offs, 0.5)
     assert a.shape == (300, 48) and a.dtype == torch.uint8
     assert sfa.dtype == torch.float8_e4m3fn
     assert sfa.numel() == sfa_rows_needed(300, 3) * scale_cols(96)
-    assert (sfa.view(torch.uint8) == 0).all()  # zeroed for the kernel (nothing ran here)
+    # empty for a (and for sfa when the kernel fills it); zeros for sfa otherwise.
+    assert allocs == ["empty", "empty" if fills else "zeros"]
     ((layout, values, grid),) = rec.launches
     blocks = 300 * 96 // 16
-    assert (layout, grid) == ("experts", math.ceil(blocks / 256))
+    chunks = sfa.numel() // 16
+    assert (layout, grid) == ("experts", math.ceil(blocks / 256)
+                              + (math.ceil(chunks / 1024) if fills else 0))
     assert {k: values[k] for k in ("rows", "k", "experts", "blocks")} == {
         "rows": 300, "k": 96, "experts": 3, "blocks": blocks}
+    assert values.get("sfa_chunks") == (chunks if fills else None)
     assert (values["x"], values["offs"], values["a"], values["sfa"]) == (
         x.data_ptr(), offs.data_ptr(), a.data_ptr(), sfa.data_ptr())
-    assert set(values) == {role(p) for p in quantizer("experts").params}
+    assert set(values) == {role(p) for p in quantizer("experts", fills).params}
+
+
+@pytest.mark.parametrize("fills", [True, False])
+def test_a_call_with_no_tokens_still_fills_sfa(on_cuda, fills):
+    """T = 0: no block to quantize, but sfa (128 rows per expert) must hold zeros: the filling
+    kernel launches one CTA for it; a zeroed sfa needs no launch."""
+    gg, rec = _gg(quantizer("experts", fills), quantizer("masked", fills))
+    _, sfa = rq.quantize_experts(gg, torch.zeros(0, 64).bfloat16(),
+                                 torch.tensor([0, 0], dtype=torch.int32), 1.0)
+    assert sfa.numel() == 2 * 128 * 4
+    assert rec.launches == ([("experts", rec.launches[0][1], 1)] if fills else [])
+    if fills:
+        assert (rec.launches[0][1]["blocks"], rec.launches[0][1]["sfa_chunks"]) == (0, 64)
+    rec.launches.clear()
+    _, sfa = rq.quantize_masked(gg, torch.zeros(3, 0, 64).bfloat16(), 1.0)
+    assert sfa.shape == (3, 0) and rec.launches == []  # no rows, no scales: nothing to launch
 
 
 def test_a_real_input_scale_is_filled_on_the_device_in_float32(on_cuda, monkeypatch):

@@ -31,6 +31,14 @@ def _require(gg: runtime.GroupedGemm, layout: str) -> None:  # noqa: F811
         pytest.skip(f"no {layout} quantizer for {arch} in the artifacts")
 
 
+def _dirty() -> None:
+    """Leave non-zero bytes in the caching allocator's free blocks (small and large pools), so
+    an sfa byte the kernel fails to write (its padding: it takes sfa uninitialized) shows."""
+    for size in (1 << 20, 256 << 20):
+        junk = torch.full((size,), 0xAB, dtype=torch.uint8, device="cuda")
+        del junk
+
+
 def _same(got: tuple, want: tuple, what: str) -> None:
     for name, g, w in zip(("codes", "scales"), got, want):
         bad = int((g.view(torch.uint8) != w.view(torch.uint8)).sum())
@@ -62,6 +70,7 @@ def test_the_experts_kernel_gives_the_torch_bits_and_never_syncs(gg, experts, k,
     for mag in (1e-3, 1.0, 1e3):
         x = (torch.randn(t, k, generator=gen) * mag).to(torch.bfloat16).cuda()
         assert quantizer_for(gg, "experts", x, experts) is not None
+        _dirty()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -81,10 +90,12 @@ def test_edge_blocks_and_bad_offs_give_the_torch_bits(gg) -> None:  # noqa: F811
             part = blocks[i:i + 1024]
             offs = torch.arange(1, len(part) + 1, dtype=torch.int32, device="cuda")
             assert quantizer_for(gg, "experts", part, len(part)) is not None
+            _dirty()
             _same(gg.quantize_experts(part, offs, gs[i:i + 1024]),
                   activations.quantize_experts(part, offs, gs[i:i + 1024]),
                   f"edge blocks seed {seed} rows {i}+")
         assert quantizer_for(gg, "masked", blocks.view(-1, 1, 16), len(blocks)) is not None
+        _dirty()
         _same(gg.quantize_masked(blocks.view(-1, 1, 16), gs),
               activations.quantize_masked(blocks.view(-1, 1, 16), gs), f"masked seed {seed}")
     gen = torch.Generator().manual_seed(9)
@@ -94,6 +105,7 @@ def test_edge_blocks_and_bad_offs_give_the_torch_bits(gg) -> None:  # noqa: F811
         x = torch.randn(600, 48, generator=gen).bfloat16().cuda()
         offs = offs.cuda()
         scales = torch.full((offs.numel(),), 0.02, device="cuda")
+        _dirty()
         _same(gg.quantize_experts(x, offs, scales),
               activations.quantize_experts(x, offs, scales), f"bad offs E {offs.numel()}")
 
@@ -106,6 +118,7 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
     x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16).cuda()
     assert quantizer_for(gg, "masked", x, experts) is not None
+    _dirty()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:

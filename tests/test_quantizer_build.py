@@ -62,7 +62,8 @@ def test_quantizers_are_built_recorded_and_verified(fake: Fake, tmp_path: Path) 
     for q in m.quantizers:
         assert q.name == f"act_quant_{q.layout}.sm_90a.{q.key[:12]}"
         assert q.cubin == f"cubins/{q.name}.cubin" and (out / q.cubin).is_file()
-        assert {p.operand or p.value for p in q.params} == QUANT_ROLES[q.layout]
+        assert {p.operand or p.value for p in q.params} == QUANT_ROLES[q.layout] | {"sfa_chunks"}
+        assert q.fills_sfa
     assert verify_dir(out) == []
     # The manifest round-trips through the runtime's parser unchanged.
     text = (out / MANIFEST_NAME).read_text()
@@ -262,17 +263,28 @@ def test_quantizer_parameters_take_their_own_names_only(manifest_obj: dict) -> N
 
 @pytest.mark.parametrize("edit,took", [
     (lambda ps: ps[1].update(operand="x", name="x"),  # offs renamed: x's pointer in two slots
-     "['x', 'x', 'scales', 'a', 'sfa', 'rows', 'k', 'experts', 'blocks']"),
+     "['x', 'x', 'scales', 'a', 'sfa', 'rows', 'k', 'experts', 'blocks', 'sfa_chunks']"),
     (lambda ps: ps[5].update(value="max_m"),  # the masked layout's scalar
-     "['x', 'offs', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks']"),
+     "['x', 'offs', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks', 'sfa_chunks']"),
+    (lambda ps: ps[8].update(value="sfa_chunks"),  # the optional role twice
+     "['x', 'offs', 'scales', 'a', 'sfa', 'rows', 'k', 'experts', 'sfa_chunks', 'sfa_chunks']"),
     (lambda ps: ps.clear(), "[]"),
 ])
 def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj: dict, edit,
                                                                    took: str) -> None:
     edit(manifest_obj["quantizers"][0]["params"])
     assert ("m.quantizers[0].params must take each of ['a', 'blocks', 'experts', 'k', 'offs', "
-            "'rows', 'scales', 'sfa', 'x'] once (the experts layout's launch values), but take "
-            + took) in _refused(manifest_obj)
+            "'rows', 'scales', 'sfa', 'x'] once, and may take ['sfa_chunks'] once (the experts "
+            "layout's launch values), but take " + took) in _refused(manifest_obj)
+
+
+def test_a_quantizer_built_before_the_padding_fill_still_loads(manifest_obj: dict) -> None:
+    """A record without sfa_chunks (built before 2026-12-07) parses: the runtime zeroes sfa
+    for it (Quantizer.fills_sfa) instead of refusing the artifacts."""
+    for q in manifest_obj["quantizers"]:
+        assert q["params"][-1]["value"] == "sfa_chunks"
+        q["params"].pop()
+    assert [q.fills_sfa for q in parse_manifest(manifest_obj, "m").quantizers] == [False, False]
 
 
 def test_two_quantizers_for_one_layout_and_arch_are_refused(manifest_obj: dict) -> None:

@@ -126,7 +126,8 @@ def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
     roles = {q.layout: [(p.kind, role(p)) for p in q.params] for q in m.quantizers}
     ops = [("operand", "x"), ("operand", "offs"), ("operand", "scales"), ("operand", "a"),
            ("operand", "sfa")]
-    scalars = [("scalar", "k"), ("scalar", "experts"), ("scalar", "blocks")]
+    scalars = [("scalar", "k"), ("scalar", "experts"), ("scalar", "blocks"),
+               ("scalar", "sfa_chunks")]
     assert roles["experts"] == ops + [("scalar", "rows")] + scalars
     assert roles["masked"] == [ops[0], *ops[2:], ("scalar", "max_m")] + scalars
     for q in m.quantizers:
@@ -136,4 +137,4 @@ def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
         assert q.block == (256, 1, 1)
     experts, masked = m.quantizers
     assert (experts.max_experts, masked.max_experts) == (1024, 0)
-    assert experts.dynamic_smem == (2 * 1024 + 256) * 4 + 64 and masked.dynamic_smem == 0
+    assert experts.dynamic_smem == (2 * 1024 + 8) * 4 + 64 and masked.dynamic_smem == 0

@@ -1,6 +1,6 @@
 """The activation quantizers, AOT sm_90a kernels (imports cutlass: build worker only): bf16
 tokens -> NVFP4 codes and blocked e4m3 scales for the two serving layouts, one thread per
-16-element block, one launch per call (plus the caller's memset of sfa).
+16-element block, then CTAs that write sfa's padding zeros: one launch per call, no memset.
 
 - `experts` (runtime.activations.quantize_experts): x (T, K) with rows grouped by expert, offs
   (E,) int32 as scaled_grouped_mm takes them, sfa in its layout. Every CTA derives ends =
@@ -19,10 +19,11 @@ tests/test_act_quant_kernel.py runs the algorithm in torch against quantize_nvfp
 near-ties, saturation, subnormals, NaN / inf and bad scales; experiments/act_quant_check.py
 compares the shipped kernels with runtime.activations bit for bit on the H200.
 
-The caller (runtime/quantize.py) zeroes sfa (padding rows are not written), passes x
-contiguous and 16-byte aligned, a 8-byte aligned, and keeps the block count and sfa's bytes in
-Int32. Parameters, in launch order, are recorded with kernels.abi under the manifest's
-quantizer vocabulary (QUANT_OPERANDS, QUANT_SCALARS).
+The caller (runtime/quantize.py) launches ceil(blocks / THREADS) quantizing CTAs and after them
+at least one filling CTA (grid-stride over sfa_chunks, sfa's 16-byte chunks), passes x
+contiguous and 16-byte aligned, a 8-byte aligned, sfa 16-byte aligned, and keeps the block count
+and sfa's bytes in Int32. Parameters, in launch order, are recorded with kernels.abi under the
+manifest's quantizer vocabulary (QUANT_OPERANDS, QUANT_SCALARS).
 
 GPU record: 2026-12-05, H200 (as experiments/act_quant.py, 9c5ddd7): 43/43 cases bit-equal to
 runtime.activations; the experts path 8.2-22.2 us at 512 rows against 171-496 us for the
@@ -51,10 +52,10 @@ from .ptx import _asm, _i64, _ir, ld_global_nc_v4
 
 THREADS = 256
 # The experts kernel's tables in shared memory: up to MAX_EXPERTS experts (ends and pstart),
-# plus one scan cell per thread.
+# plus one scan cell per warp.
 EXPERTS_PER_THREAD = 4
 MAX_EXPERTS = THREADS * EXPERTS_PER_THREAD
-TABLE_SMEM_BYTES = (2 * MAX_EXPERTS + THREADS) * 4 + 64
+TABLE_SMEM_BYTES = (2 * MAX_EXPERTS + THREADS // 32) * 4 + 64
 # e2m1 rounding midpoints (runtime.nvfp4._E2M1_MIDPOINTS) as PTX f64 literals.
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -139,24 +140,39 @@ def usable(amax: Any, denom: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
 
 
 @dsl_user_op
-def e2m1_code(x: Any, down: list, up: list, ok: Any, *, loc: Any = None,
+def e2m1_code(x: Any, down: list, up_odd: list, ok: Any, *, loc: Any = None,
               ip: Any = None) -> Uint32:
     """The e2m1 code of x / denom, round to nearest, ties to the even code, saturating at 6,
-    +0 for what rounds to zero: lo = midpoints below |x| (|x| > round-down), hi = midpoints
-    at or below (|x| >= round-up); a tie (lo != hi) takes hi when lo is odd. 0 unless ok."""
-    lines = ["{", ".reg .pred p, q;", ".reg .u32 lo, hi, c, t;", ".reg .f32 m;",
-             "abs.f32 m, $1;", "mov.u32 lo, 0;", "mov.u32 hi, 0;"]
-    for b in range(7):
-        lines += [f"setp.gt.f32 p, m, ${2 + b};", "selp.u32 t, 1, 0, p;", "add.u32 lo, lo, t;",
-                  f"setp.ge.f32 p, m, ${9 + b};", "selp.u32 t, 1, 0, p;", "add.u32 hi, hi, t;"]
-    lines += ["and.b32 t, lo, 1;", "setp.ne.u32 p, lo, hi;", "setp.ne.and.u32 q, t, 0, p;",
-              "selp.u32 c, hi, lo, q;",
-              "setp.lt.f32 p, $1, 0f00000000;", "setp.ne.and.u32 q, c, 0, p;",
-              "selp.u32 t, 8, 0, q;", "or.b32 c, c, t;",
-              "setp.ne.u32 p, $16, 0;", "selp.u32 $0, c, 0, p;", "}"]
-    args = [x.ir_value(loc=loc, ip=ip)] + [v.ir_value(loc=loc, ip=ip) for v in down + up]
+    +0 for what rounds to zero, 0 unless ok. lo = the midpoints below |x| (|x| > the f32
+    round-down of midpoint * denom), found by a 3-step binary search of the 7 sorted
+    round-downs `down`; |x| ties midpoint lo exactly iff |x| >= its round-up, which only moves
+    an odd lo (to the even lo + 1), so only the round-ups of midpoints 1, 3, 5 (`up_odd`) are
+    needed. About 25 instructions an element against ~70 for counting all 14 compares
+    (docs/lab_notebook.md, twenty-seventh session)."""
+    text = "\n".join([
+        "{", ".reg .pred p1, p2, p3, pt, p, q;", ".reg .f32 m, t2, ta, tb, t3, ua, ub, u;",
+        ".reg .u32 c, t;", "abs.f32 m, $1;",
+        "setp.gt.f32 p1, m, $5;",            # > down[3]
+        "selp.f32 t2, $7, $3, p1;",          # down[5] : down[1]
+        "setp.gt.f32 p2, m, t2;",
+        "selp.f32 ta, $8, $4, p1;",          # down[6] : down[2]
+        "selp.f32 tb, $6, $2, p1;",          # down[4] : down[0]
+        "selp.f32 t3, ta, tb, p2;",
+        "setp.gt.f32 p3, m, t3;",            # lo = 4 p1 + 2 p2 + p3
+        # lo = 7: no midpoint above, so NaN, which no |x| reaches (+inf would: inf >= inf, a
+        # code of 8); lo = 3: up[3].
+        "selp.f32 ua, 0f7FFFFFFF, $10, p1;",
+        "selp.f32 ub, $11, $9, p1;",         # lo = 5: up[5]; lo = 1: up[1]
+        "selp.f32 u, ua, ub, p2;",
+        "setp.ge.and.f32 pt, m, u, p3;",     # an odd lo's tie rounds up to the even code
+        "selp.u32 c, 4, 0, p1;", "selp.u32 t, 2, 0, p2;", "add.u32 c, c, t;",
+        "selp.u32 t, 1, 0, p3;", "add.u32 c, c, t;", "selp.u32 t, 1, 0, pt;", "add.u32 c, c, t;",
+        "setp.lt.f32 p, $1, 0f00000000;", "setp.ne.and.u32 q, c, 0, p;",
+        "selp.u32 t, 8, 0, q;", "or.b32 c, c, t;",
+        "setp.ne.u32 p, $12, 0;", "selp.u32 $0, c, 0, p;", "}"])
+    args = [x.ir_value(loc=loc, ip=ip)] + [v.ir_value(loc=loc, ip=ip) for v in down + up_odd]
     args.append(_ir(ok, loc, ip))
-    return Uint32(_pure(T.i32(), "\n".join(lines), "=r" + ",f" * 15 + ",r", args, loc, ip))
+    return Uint32(_pure(T.i32(), text, "=r" + ",f" * 11 + ",r", args, loc, ip))
 
 
 @dsl_user_op
@@ -182,6 +198,14 @@ def st_global_v2(addr: Any, w0: Any, w1: Any, *, loc: Any = None, ip: Any = None
 def st_global_u8(addr: Any, value: Any, *, loc: Any = None, ip: Any = None) -> None:
     _asm("{\n.reg .b16 h;\ncvt.u16.u32 h, $1;\nst.global.u8 [$0], h;\n}", "l,r",
          [_i64(addr, loc, ip), _ir(value, loc, ip)], loc, ip)
+
+
+@dsl_user_op
+def st_global_zero(addr: Any, width: int, *, loc: Any = None, ip: Any = None) -> None:
+    """Store `width` (16, 4 or 1) zero bytes at addr (aligned to width)."""
+    text = {16: "st.global.v4.b32 [$0], {0, 0, 0, 0};", 4: "st.global.b32 [$0], 0;",
+            1: "st.global.u8 [$0], 0;"}[width]
+    _asm(text, "l", [_i64(addr, loc, ip)], loc, ip)
 
 
 def _blocked_offset(row: Any, j: Any, k: Any) -> Any:
@@ -219,6 +243,41 @@ class _Quantizer:
                 a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8))
 
     @cute.jit
+    def _fill_chunks(self, sfa, k, blocks, chunks, real_rows) -> None:
+        """The CTAs past the quantizing ones (grid-stride over sfa's 16-byte chunks): write
+        zeros into every byte of sfa the quantizing threads do not, so the caller needs no
+        memset (one graph node less). A chunk is one row offset o (0..31) of a 512-byte atom:
+        4 words, rows o, o + 32, o + 64, o + 96 of one 128-row block, 4 scale columns each
+        (facts.md). `real_rows(row0)` gives the 128-row block's first row relative to its
+        owner and the owner's real rows: a row is written iff below them, and then only its
+        columns j < k / 16."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        qctas = (blocks + THREADS - 1) // THREADS
+        rest_k = (k // 16 + 3) // 4
+        kb = k // 16
+        c = (bidx - qctas) * THREADS + tidx
+        while c < chunks:
+            atom = c // 32
+            o = c - atom * 32
+            rb = atom // rest_k
+            jg = atom - rb * rest_k
+            rel, m = real_rows(rb * 128)
+            addr = sfa.toint() + Int64(c) * 16
+            if rel + o >= m:  # the chunk's first row is padding, so are the other three
+                st_global_zero(addr, 16)
+            else:
+                for i in cutlass.range_constexpr(4):
+                    if rel + i * 32 + o >= m:
+                        st_global_zero(addr + i * 4, 4)
+                    else:
+                        for jj in cutlass.range_constexpr(1, 4):  # columns past k / 16
+                            if jg * 4 + jj >= kb:
+                                st_global_zero(addr + i * 4 + jj, 1)
+            c += (grid - qctas) * THREADS
+
+    @cute.jit
     def _block(self, x_addr, gs, a_addr, scale_addr) -> None:
         """Quantize the 16 bf16 at x_addr with decode scale gs: 8 code bytes to a_addr, the
         e4m3 block scale to scale_addr."""
@@ -234,10 +293,11 @@ class _Quantizer:
         denom = denominator(byte, gs)
         ok = usable(amax, denom)
         down = [threshold(denom, m, False) for m in MIDPOINTS]
-        up = [threshold(denom, m, True) for m in MIDPOINTS]
+        up_odd = [threshold(denom, MIDPOINTS[b], True) for b in (1, 3, 5)]
         packed = [Uint32(0), Uint32(0)]
         for i, v in enumerate(values):
-            packed[i // 8] = packed[i // 8] | (e2m1_code(v, down, up, ok) << Uint32(4 * (i % 8)))
+            packed[i // 8] = packed[i // 8] | (e2m1_code(v, down, up_odd, ok)
+                                               << Uint32(4 * (i % 8)))
         st_global_v2(a_addr, packed[0], packed[1])
         # A block holding NaN or inf gets a NaN scale (runtime.activations' convention);
         # amax is NaN or inf exactly then (or NaN from a bad decode scale, poison()).
@@ -259,44 +319,69 @@ class ActQuantExperts(_Quantizer):
     @cute.jit
     def __call__(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
                  a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32, experts: Int32,
-                 blocks: Int32) -> None:
+                 blocks: Int32, sfa_chunks: Int32) -> None:
         args = self._record((("x", x), ("offs", offs), ("scales", scales), ("a", a),
                              ("sfa", sfa)), (("rows", rows), ("k", k), ("experts", experts),
-                                             ("blocks", blocks)))
+                                             ("blocks", blocks), ("sfa_chunks", sfa_chunks)))
+        # The grid here only traces the launcher; the runtime launches its own (quantizing
+        # CTAs, then filling ones: runtime/quantize.py).
         self.kernel(*args).launch(grid=[(blocks + THREADS - 1) // THREADS, 1, 1],
                                   block=[THREADS, 1, 1], smem=TABLE_SMEM_BYTES)
 
     @cute.jit
     def _block_scan(self, scan, tid, value, is_max: bool):
-        """Inclusive scan (max or +) of one value per thread across the CTA (Hillis-Steele in
-        shared memory); returns the exclusive prefix of thread tid."""
-        scan[tid] = value
+        """The exclusive prefix (max or +; the values are >= 0, so 0 is the identity of both)
+        of thread tid's value across the CTA: a shuffle scan in each warp, then each thread
+        folds the totals of the warps before its own from shared memory. Two barriers, against
+        sixteen for a Hillis-Steele scan through shared memory."""
+        lane = tid % 32
+        warp = tid // 32
+        v = value
+        for d in cutlass.range_constexpr(5):
+            below = cute.arch.shuffle_sync_up(v, 1 << d)
+            if lane >= (1 << d):
+                v = cutlass.max(v, below) if is_max else v + below
+        if lane == 31:
+            scan[warp] = v
         cute.arch.sync_threads()
-        for d in (1, 2, 4, 8, 16, 32, 64, 128):
-            v = scan[tid]
-            if tid >= d:
-                if is_max:
-                    v = cutlass.max(v, scan[tid - d])
-                else:
-                    v = v + scan[tid - d]
-            cute.arch.sync_threads()
-            scan[tid] = v
-            cute.arch.sync_threads()
-        prefix = Int32(0)
-        if tid > 0:
-            prefix = scan[tid - 1]
+        prefix = cute.arch.shuffle_sync_up(v, 1)
+        if lane == 0:
+            prefix = Int32(0)
+        for w in cutlass.range_constexpr(THREADS // 32):
+            if w < warp:
+                prefix = cutlass.max(prefix, scan[w]) if is_max else prefix + scan[w]
         cute.arch.sync_threads()  # the scratch is reused by the next scan
         return prefix
+
+    @cute.jit
+    def _owner_rows(self, ends, pstart, experts, row0) -> tuple:
+        """_fill_chunks' (row0 relative to its owner, the owner's real rows) for the 128-row
+        block at blocked row row0: the owner is the last expert whose scale rows start at or
+        before row0 (an empty expert starts where the next one does, so the last is the one
+        with rows, or the last expert for the slack after every expert's rows)."""
+        lo = Int32(0)
+        hi = experts
+        while lo < hi:  # the first g with pstart[g] > row0; pstart[0] = 0 <= row0
+            mid = (lo + hi) // 2
+            if pstart[mid] > row0:
+                hi = mid
+            else:
+                lo = mid + 1
+        g = lo - 1
+        start = Int32(0)
+        if g > 0:
+            start = ends[g - 1]
+        return row0 - pstart[g], ends[g] - start
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
                a: cute.Pointer, sfa: cute.Pointer, rows: Int32, k: Int32, experts: Int32,
-               blocks: Int32) -> None:
+               blocks: Int32, sfa_chunks: Int32) -> None:
         tid, _, _ = cute.arch.thread_idx()
         smem = cutlass.memory.SmemAllocator()
         ends = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         pstart = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
-        scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
         first = tid * EXPERTS_PER_THREAD
         # ends: clamp, then the running max within this thread's experts, then across threads.
         run = Int32(0)
@@ -321,6 +406,10 @@ class ActQuantExperts(_Quantizer):
             pstart[first + j] = pstart[first + j] + carry
         cute.arch.sync_threads()
 
+        bidx, _, _ = cute.arch.block_idx()
+        if bidx >= (blocks + THREADS - 1) // THREADS:
+            self._fill_chunks(sfa, k, blocks, sfa_chunks,
+                              lambda row0: self._owner_rows(ends, pstart, experts, row0))
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
             # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
@@ -351,20 +440,28 @@ class ActQuantMasked(_Quantizer):
     @cute.jit
     def __call__(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer,
                  sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
-                 blocks: Int32) -> None:
+                 blocks: Int32, sfa_chunks: Int32) -> None:
         args = self._record((("x", x), ("scales", scales), ("a", a), ("sfa", sfa)),
                             (("max_m", max_m), ("k", k), ("experts", experts),
-                             ("blocks", blocks)))
+                             ("blocks", blocks), ("sfa_chunks", sfa_chunks)))
         self.kernel(*args).launch(grid=[(blocks + THREADS - 1) // THREADS, 1, 1],
                                   block=[THREADS, 1, 1])
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer,
-               max_m: Int32, k: Int32, experts: Int32, blocks: Int32) -> None:
+               max_m: Int32, k: Int32, experts: Int32, blocks: Int32,
+               sfa_chunks: Int32) -> None:
+        bidx, _, _ = cute.arch.block_idx()
+        expert_rows = (max_m + 127) // 128 * 128
+        expert_bytes = expert_rows * ((k // 16 + 3) // 4) * 4
+        if bidx >= (blocks + THREADS - 1) // THREADS:
+            # Each expert's scale rows are a whole number of atoms, so sfa's blocked rows run
+            # on across experts: the owner of blocked row row0 is row0 // expert_rows.
+            self._fill_chunks(sfa, k, blocks, sfa_chunks,
+                              lambda row0: (row0 % expert_rows, max_m))
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
             e = r // max_m
-            expert_bytes = ((max_m + 127) // 128) * 128 * ((k // 16 + 3) // 4) * 4
             self._block(x_addr, ld_global_nc_f32(scales.toint() + Int64(e) * 4), a_addr,
                         sfa.toint() + Int64(e) * Int64(expert_bytes)
                         + Int64(_blocked_offset(r - e * max_m, j, k)))
@@ -388,7 +485,7 @@ def compile_quantizer(layout: str, *, arch: str) -> dict[str, Any]:
     ptr = {name: make_ptr(dtype, 16, cute.AddressSpace.gmem, assumed_align=align)
            for name, dtype, align in (("x", cutlass.BFloat16, 16), ("i32", Int32, 4),
                                       ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
-    one = (Int32(1), Int32(16), Int32(1), Int32(1))
+    one = (Int32(1), Int32(16), Int32(1), Int32(1), Int32(32))
     call = ((ptr["x"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"], *one)
             if layout == "experts" else (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], *one))
     quantizer = LAYOUTS[layout]()
