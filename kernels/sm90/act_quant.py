@@ -147,8 +147,8 @@ def e2m1_code(x: Any, down: list, up_odd: list, ok: Any, *, loc: Any = None,
     round-down of midpoint * denom), found by a 3-step binary search of the 7 sorted
     round-downs `down`; |x| ties midpoint lo exactly iff |x| >= its round-up, which only moves
     an odd lo (to the even lo + 1), so only the round-ups of midpoints 1, 3, 5 (`up_odd`) are
-    needed. About 25 instructions an element against ~70 for counting all 14 compares
-    (docs/lab_notebook.md, twenty-seventh session)."""
+    needed. Counting all 14 compares took ~29 more SASS instructions an element (the masked
+    kernel 1232 -> 768 before the padding fill; docs/lab_notebook.md, twenty-seventh session)."""
     text = "\n".join([
         "{", ".reg .pred p1, p2, p3, pt, p, q;", ".reg .f32 m, t2, ta, tb, t3, ua, ub, u;",
         ".reg .u32 c, t;", "abs.f32 m, $1;",
