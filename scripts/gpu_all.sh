@@ -56,6 +56,14 @@ for s in "${STEPS[@]}"; do
     activations) step activations 180 python -m pytest -q -rs tests/test_activations_gpu.py \
         tests/test_quantize_gpu.py ;;
     act_quant) step act_quant 180 python experiments/act_quant_check.py --artifacts artifacts ;;
+    # The quantizers of artifacts/ against those of QUANT_BEFORE (another build), replays
+    # interleaved (bench_activations --compare): a quantizer change's A/B.
+    quant_ab) step quant_ab 200 python bench/bench_activations.py --artifacts artifacts \
+        --compare "${QUANT_BEFORE:-.artifacts_before}" --reps 30 --json "$LOG/quant_ab.json" ;;
+    # Issue 27's standing: every model layer at the decode-sized token counts, floors at the
+    # read bandwidth measured in the same run (about 5 minutes on the H200).
+    standing) step standing 560 python bench/bench_models.py --artifacts artifacts --reps 20 \
+        --tokens 64 128 256 512 --json "$LOG/standing.json" ;;
     activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 \
         --compiled --artifacts artifacts --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.
