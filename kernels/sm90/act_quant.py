@@ -243,18 +243,17 @@ class _Quantizer:
                 a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8))
 
     @cute.jit
-    def _fill_chunks(self, sfa, k, blocks, chunks, real_rows) -> None:
+    def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
         """The CTAs past the quantizing ones (grid-stride over sfa's 16-byte chunks): write
         zeros into every byte of sfa the quantizing threads do not, so the caller needs no
         memset (one graph node less). A chunk is one row offset o (0..31) of a 512-byte atom:
         4 words, rows o, o + 32, o + 64, o + 96 of one 128-row block, 4 scale columns each
         (facts.md). `real_rows(row0)` gives the 128-row block's first row relative to its
         owner and the owner's real rows: a row is written iff below them, and then only its
-        columns j < k / 16."""
+        columns j < k / 16. `qctas`: the quantizing CTAs before this one."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        qctas = (blocks + THREADS - 1) // THREADS
         rest_k = (k // 16 + 3) // 4
         kb = k // 16
         c = (bidx - qctas) * THREADS + tidx
@@ -407,8 +406,9 @@ class ActQuantExperts(_Quantizer):
         cute.arch.sync_threads()
 
         bidx, _, _ = cute.arch.block_idx()
-        if bidx >= (blocks + THREADS - 1) // THREADS:
-            self._fill_chunks(sfa, k, blocks, sfa_chunks,
+        qctas = (blocks + THREADS - 1) // THREADS
+        if bidx >= qctas:
+            self._fill_chunks(sfa, k, qctas, sfa_chunks,
                               lambda row0: self._owner_rows(ends, pstart, experts, row0))
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
@@ -454,10 +454,11 @@ class ActQuantMasked(_Quantizer):
         bidx, _, _ = cute.arch.block_idx()
         expert_rows = (max_m + 127) // 128 * 128
         expert_bytes = expert_rows * ((k // 16 + 3) // 4) * 4
-        if bidx >= (blocks + THREADS - 1) // THREADS:
+        qctas = (blocks + THREADS - 1) // THREADS
+        if bidx >= qctas:
             # Each expert's scale rows are a whole number of atoms, so sfa's blocked rows run
             # on across experts: the owner of blocked row row0 is row0 // expert_rows.
-            self._fill_chunks(sfa, k, blocks, sfa_chunks,
+            self._fill_chunks(sfa, k, qctas, sfa_chunks,
                               lambda row0: (row0 % expert_rows, max_m))
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
