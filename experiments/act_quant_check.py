@@ -53,7 +53,7 @@ class ActQuantKernels:
         t, k = x.shape
         q = self._require("experts", x, offs.numel())
         _launch(self.gg, q, x, {"x": x, "offs": offs, "scales": scales, "a": a, "sfa": sfa,
-                                "rows": t, "k": k, "experts": offs.numel()})
+                                "rows": t, "k": k, "experts": offs.numel()}, q.fills_sfa)
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._require("masked", x, x.shape[0])

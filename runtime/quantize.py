@@ -80,26 +80,28 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
 FILL_CHUNKS_PER_THREAD = 4
 
 
-def _new_sfa(q: Quantizer, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """sfa for q to write: uninitialized when q writes its padding too (Quantizer.fills_sfa),
-    else zeroed (a quantizer built before writes only the scales of real rows)."""
-    new = torch.empty if q.fills_sfa else torch.zeros
+def _new_sfa(fills: bool, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """sfa for the quantizer to write: uninitialized when it writes its padding too (`fills`,
+    Quantizer.fills_sfa), else zeroed (one built before writes only the scales of real rows)."""
+    new = torch.empty if fills else torch.zeros
     return new(shape, dtype=torch.uint8, device=device)
 
 
-def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any]) -> None:
-    """Launch q over x's 16-element blocks, then (Quantizer.fills_sfa) the CTAs that zero
-    sfa's padding; `values` holds the tensors (kept alive here until the launch is enqueued: a
-    temporary contiguous copy must not be freed before) and ints."""
+def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any],
+            fills: bool) -> None:
+    """Launch q over x's 16-element blocks, then (`fills`: q.fills_sfa, which the caller reads
+    once per call: it scans q's parameters, 0.8 us) the CTAs that zero sfa's padding;
+    `values` holds the tensors (kept alive here until the launch is enqueued: a temporary
+    contiguous copy must not be freed before) and ints."""
     blocks = x.numel() // SF_VEC
     chunks = values["sfa"].numel() // 16
-    if not blocks and not (q.fills_sfa and chunks):
+    if not blocks and not (fills and chunks):
         return
     args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
     args["blocks"] = blocks
     threads = q.block[0]
     grid = -(-blocks // threads)
-    if q.fills_sfa:
+    if fills:
         args["sfa_chunks"] = chunks
         grid += max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
     # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
@@ -121,9 +123,10 @@ def quantize_experts(gg: Any, x: torch.Tensor, offs: torch.Tensor,
     x = _kernel_input(x)
     t, k = x.shape
     a = torch.empty((t, k // 2), dtype=torch.uint8, device=x.device)
-    sfa = _new_sfa(q, (sfa_rows_needed(t, experts) * scale_cols(k),), x.device)
+    fills = q.fills_sfa
+    sfa = _new_sfa(fills, (sfa_rows_needed(t, experts) * scale_cols(k),), x.device)
     _launch(gg, q, x, {"x": x, "offs": offs.contiguous(), "scales": scales, "a": a, "sfa": sfa,
-                       "rows": t, "k": k, "experts": experts})
+                       "rows": t, "k": k, "experts": experts}, fills)
     return a, sfa.view(torch.float8_e4m3fn)
 
 
@@ -141,7 +144,8 @@ def quantize_masked(gg: Any, x: torch.Tensor,
     scales = _scales32(input_scale, experts, x.device)
     x = _kernel_input(x)
     a = torch.empty((experts, max_m, k // 2), dtype=torch.uint8, device=x.device)
-    sfa = _new_sfa(q, (experts, blocked_scale_numel(max_m, k)), x.device)
+    fills = q.fills_sfa
+    sfa = _new_sfa(fills, (experts, blocked_scale_numel(max_m, k)), x.device)
     _launch(gg, q, x, {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
-                       "experts": experts})
+                       "experts": experts}, fills)
     return a, sfa.view(torch.float8_e4m3fn)

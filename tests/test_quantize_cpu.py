@@ -144,7 +144,7 @@ def test_a_call_with_no_tokens_still_fills_sfa(on_cuda, fills):
 
 def test_a_real_input_scale_is_filled_on_the_device_in_float32(on_cuda, monkeypatch):
     seen = []
-    monkeypatch.setattr(rq, "_launch", lambda gg, q, x, values: seen.append(values["scales"]))
+    monkeypatch.setattr(rq, "_launch", lambda gg, q, x, values, fills: seen.append(values["scales"]))
     gg, _ = _gg(quantizer("experts"))
     rq.quantize_experts(gg, torch.randn(4, 32).bfloat16(), torch.tensor([4], dtype=torch.int32),
                         1 / 3)
