@@ -16,6 +16,7 @@ from runtime.nvfp4 import (
     _expert_starts,
     _pack_codes,
     _quantize_codes,
+    blocked_scale_offset,
 )
 
 E4M3 = torch.float8_e4m3fn
@@ -197,13 +198,6 @@ def test_the_kernels_expert_tables_are_runtime_activations(experts) -> None:
         assert pstart == _expert_starts(want_ends)[1].tolist()
 
 
-def blocked_offset(row: int, j: int, k: int) -> int:
-    """act_quant._blocked_offset (facts.md's blocked layout)."""
-    rest_k = (k // 16 + 3) // 4
-    return ((row // 128) * rest_k + j // 4) * 512 + (row % 32) * 16 + ((row % 128) // 32) * 4 \
-        + j % 4
-
-
 def fill_writes(chunks: int, k: int, owner_rows) -> list[tuple[int, int]]:
     """_fill_chunks, step for step: the (offset, width) of each zero store over sfa's 16-byte
     chunks; owner_rows(row0) -> (row0 relative to its owner, the owner's real rows)."""
@@ -255,7 +249,7 @@ def test_the_experts_fill_writes_exactly_what_the_quantizing_threads_do_not(expe
             g = next((i for i, e in enumerate(ends) if e > r), None)
             if g is not None:
                 prow = pstart[g] + r - (ends[g - 1] if g else 0)
-                quantized += [blocked_offset(prow, j, k) for j in range(kb)]
+                quantized += [blocked_scale_offset(prow, j, k) for j in range(kb)]
 
         def owner_rows(row0: int) -> tuple[int, int]:
             g = sum(1 for p in pstart if p <= row0) - 1
@@ -275,7 +269,7 @@ def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m
     experts, kb = 3, k // 16
     per_expert = blocked_scale_numel(max_m, k)
     expert_rows = (max_m + 127) // 128 * 128
-    quantized = [e * per_expert + blocked_offset(r, j, k)
+    quantized = [e * per_expert + blocked_scale_offset(r, j, k)
                  for e in range(experts) for r in range(max_m) for j in range(kb)]
     zeros = fill_writes(experts * per_expert // 16, k, lambda row0: (row0 % expert_rows, max_m))
     assert covered_once(experts * per_expert, quantized, zeros)
