@@ -5,8 +5,8 @@ and the scales, at the copy rate measured in the same run). Two paths: runtime.a
 torch ops, and with --artifacts the artifacts' AOT quantizer (gg.quantize_experts, its bytes
 checked against the torch path first).
 
-    PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts [--compare DIR]]
-        [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
+    PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts [--compare DIR
+        [--compare-fill N]]] [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
 
 --compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
 compile for every shape), after checking its bytes: what an engine that compiles its step gets.
@@ -58,17 +58,28 @@ def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
 
 
-def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str) -> list:
-    """gg's AOT quantizer captured once per input set, its bytes checked on the first."""
-    got = gg.quantize_experts(*sets[0], scales)
-    if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8)) for g, w in zip(got, want)):
-        raise SystemExit(f"{label}: the AOT quantizer's bytes differ")
-    return [capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales)) for x, o in sets]
+def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str,
+                fill: int | None = None) -> list:
+    """gg's AOT quantizer captured once per input set, its bytes checked on the first.
+    `fill`: runtime.quantize.FILL_CHUNKS_PER_THREAD while checking and capturing (the grid is
+    fixed at capture), so an A/B can give each side its own launch plan."""
+    import runtime.quantize as rq
+
+    keep = rq.FILL_CHUNKS_PER_THREAD
+    rq.FILL_CHUNKS_PER_THREAD = keep if fill is None else fill
+    try:
+        got = gg.quantize_experts(*sets[0], scales)
+        if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+               for g, w in zip(got, want)):
+            raise SystemExit(f"{label}: the AOT quantizer's bytes differ")
+        return [capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales)) for x, o in sets]
+    finally:
+        rq.FILL_CHUNKS_PER_THREAD = keep
 
 
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
                copy_gbs: float, compiled: Any = None, gg: Any = None,
-               before: Any = None) -> dict:
+               before: Any = None, before_fill: int | None = None) -> dict:
     t = tokens * topk
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
@@ -81,8 +92,10 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
     aot_us = before_us = None
     if gg is not None:
         want = quantize_experts(*sets[0], scales)
-        variants = [_aot_graphs(q, sets, scales, want, f"{name} {tokens} {label}")
-                    for q, label in ((gg, "--artifacts"), (before, "--compare")) if q is not None]
+        variants = [_aot_graphs(q, sets, scales, want, f"{name} {tokens} {label}", fill)
+                    for q, label, fill in ((gg, "--artifacts", None),
+                                           (before, "--compare", before_fill))
+                    if q is not None]
         times = [round(us, 1) for us in time_interleaved(variants, reps)]
         aot_us, before_us = times[0], (times[1] if before is not None else None)
     moved = t * k * 2 + t * k // 2 + sfa_rows_needed(t, experts) * (-(-k // 64) * 4)
@@ -138,10 +151,16 @@ def main() -> int:
     ap.add_argument("--compare", default=None, metavar="DIR",
                     help="with --artifacts: also time DIR's AOT quantizer, its replays "
                          "interleaved with those of --artifacts (a before/after A/B)")
+    ap.add_argument("--compare-fill", type=int, default=None, metavar="N",
+                    help="with --compare: the sfa-filling chunks per thread of the --compare "
+                         "side's launches (default: the runtime's FILL_CHUNKS_PER_THREAD), "
+                         "to A/B a build as shipped with its own launch plan")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.compare and not args.artifacts:
         ap.error("--compare needs --artifacts (the quantizer to compare it with)")
+    if args.compare_fill is not None and (not args.compare or args.compare_fill < 1):
+        ap.error(f"--compare-fill {args.compare_fill}: needs --compare and a count >= 1")
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -154,7 +173,8 @@ def main() -> int:
 
         gg = runtime.load(args.artifacts)
         before = runtime.load(args.compare) if args.compare else None
-    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before)
+    rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before,
+                       args.compare_fill)
             for name, e, k, topk in LAYERS for tok in args.tokens]
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))

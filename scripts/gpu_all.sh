@@ -57,9 +57,11 @@ for s in "${STEPS[@]}"; do
         tests/test_quantize_gpu.py ;;
     act_quant) step act_quant 180 python experiments/act_quant_check.py --artifacts artifacts ;;
     # The quantizers of artifacts/ against those of QUANT_BEFORE (another build), replays
-    # interleaved (bench_activations --compare): a quantizer change's A/B.
+    # interleaved (bench_activations --compare): a quantizer change's A/B. QUANT_AB_ARGS: more
+    # arguments (--compare-fill N: the before side's launch plan, --tokens).
     quant_ab) step quant_ab 200 python bench/bench_activations.py --artifacts artifacts \
-        --compare "${QUANT_BEFORE:-.artifacts_before}" --reps 30 --json "$LOG/quant_ab.json" ;;
+        --compare "${QUANT_BEFORE:-.artifacts_before}" --reps 30 --json "$LOG/quant_ab.json" \
+        ${QUANT_AB_ARGS:-} ;;
     # Issue 27's standing: every model layer at the decode-sized token counts, floors at the
     # read bandwidth measured in the same run (about 5 minutes on the H200).
     standing) step standing 560 python bench/bench_models.py --artifacts artifacts --reps 20 \
