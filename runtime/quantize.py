@@ -75,9 +75,10 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-# 16-byte chunks of sfa each filling thread writes (a grid-stride loop: any count is correct;
-# 4 puts 64 bytes on a thread, and a decode call's 2 MB on about one CTA per SM).
-FILL_CHUNKS_PER_THREAD = 4
+# 16-byte chunks of sfa each filling thread writes (each filling CTA takes an equal run of
+# chunks: any count of CTAs is correct). 4 (910 CTAs for DeepSeek-V3 gate-up's 14.9 MB) made
+# that call 2 us slower than a memset (H100, 2026-12-07); 16 puts 256 bytes on a thread.
+FILL_CHUNKS_PER_THREAD = 16
 
 
 def _new_sfa(fills: bool, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -199,10 +199,18 @@ def test_the_kernels_expert_tables_are_runtime_activations(experts) -> None:
 
 
 def fill_writes(chunks: int, k: int, owner_rows) -> list[tuple[int, int]]:
-    """_fill_chunks, step for step: the (offset, width) of each zero store over sfa's 16-byte
-    chunks; owner_rows(row0) -> (row0 relative to its owner, the owner's real rows)."""
+    """_fill_chunks, step for step, over the filling CTAs runtime.quantize launches: the
+    (offset, width) of each zero store; owner_rows(row0) -> (row0 relative to its owner, the
+    owner's real rows)."""
+    from runtime.quantize import FILL_CHUNKS_PER_THREAD
+
+    threads = 256
+    ctas = max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
+    per_cta = -(-chunks // (ctas * threads)) * threads
+    order = [c for f in range(ctas) for tid in range(threads)
+             for c in range(f * per_cta + tid, min(f * per_cta + per_cta, chunks), threads)]
     rest_k, kb, out = (k // 16 + 3) // 4, k // 16, []
-    for c in range(chunks):
+    for c in order:
         atom, o = divmod(c, 32)
         rb, jg = divmod(atom, rest_k)
         rel, m = owner_rows(rb * 128)

@@ -97,8 +97,9 @@ def on_cuda(monkeypatch):
 
 @pytest.mark.parametrize("fills", [True, False])
 def test_an_experts_call_launches_one_kernel_over_every_block(on_cuda, monkeypatch, fills):
-    """One launch: a CTA per 256 blocks, then (a filling kernel) one per 1024 of sfa's 16-byte
-    chunks into an uninitialized sfa; a kernel built before gets a zeroed sfa and no more."""
+    """One launch: a CTA per 256 blocks, then (a filling kernel) one per 256 x
+    FILL_CHUNKS_PER_THREAD of sfa's 16-byte chunks into an uninitialized sfa; a kernel built
+    before gets a zeroed sfa and no more."""
     allocs = []
     monkeypatch.setattr(rq.torch, "zeros", lambda *a, **kw: allocs.append("zeros")
                         or torch.full(*a, 0, **kw))
@@ -116,8 +117,8 @@ def test_an_experts_call_launches_one_kernel_over_every_block(on_cuda, monkeypat
     ((layout, values, grid),) = rec.launches
     blocks = 300 * 96 // 16
     chunks = sfa.numel() // 16
-    assert (layout, grid) == ("experts", math.ceil(blocks / 256)
-                              + (math.ceil(chunks / 1024) if fills else 0))
+    fill_ctas = math.ceil(chunks / (256 * rq.FILL_CHUNKS_PER_THREAD)) if fills else 0
+    assert (layout, grid) == ("experts", math.ceil(blocks / 256) + fill_ctas)
     assert {k: values[k] for k in ("rows", "k", "experts", "blocks")} == {
         "rows": 300, "k": 96, "experts": 3, "blocks": blocks}
     assert values.get("sfa_chunks") == (chunks if fills else None)

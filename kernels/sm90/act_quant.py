@@ -244,25 +244,35 @@ class _Quantizer:
 
     @cute.jit
     def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
-        """The CTAs past the quantizing ones (grid-stride over sfa's 16-byte chunks): write
-        zeros into every byte of sfa the quantizing threads do not, so the caller needs no
-        memset (one graph node less). A chunk is one row offset o (0..31) of a 512-byte atom:
-        4 words, rows o, o + 32, o + 64, o + 96 of one 128-row block, 4 scale columns each
-        (facts.md). `real_rows(row0)` gives the 128-row block's first row relative to its
-        owner and the owner's real rows: a row is written iff below them, and then only its
-        columns j < k / 16. `qctas`: the quantizing CTAs before this one."""
+        """The CTAs past the quantizing ones: write zeros into every byte of sfa the
+        quantizing threads do not, so the caller needs no memset (one graph node less). A
+        chunk is one row offset o (0..31) of a 512-byte atom: 4 words, rows o, o + 32, o + 64,
+        o + 96 of one 128-row block, 4 scale columns each (facts.md). `real_rows(row0)` gives
+        the 128-row block's first row relative to its owner and the owner's real rows: a row
+        is written iff below them, and then only its columns j < k / 16. Each filling CTA
+        takes one run of chunks, its threads 256 apart (coalesced stores), so a thread's
+        chunks mostly share a 128-row block and it asks real_rows (a table search) once per
+        block it enters, not once per chunk. `qctas`: the quantizing CTAs before this one."""
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         rest_k = (k // 16 + 3) // 4
         kb = k // 16
-        c = (bidx - qctas) * THREADS + tidx
-        while c < chunks:
+        per_cta = (chunks + (grid - qctas) * THREADS - 1) // ((grid - qctas) * THREADS) * THREADS
+        begin = (bidx - qctas) * per_cta
+        end = cutlass.min(begin + per_cta, chunks)
+        c = begin + tidx
+        seen = Int32(-1)  # the 128-row block rel and m describe
+        rel = Int32(0)
+        m = Int32(0)
+        while c < end:
             atom = c // 32
             o = c - atom * 32
             rb = atom // rest_k
             jg = atom - rb * rest_k
-            rel, m = real_rows(rb * 128)
+            if rb != seen:
+                rel, m = real_rows(rb * 128)
+                seen = rb
             addr = sfa.toint() + Int64(c) * 16
             if rel + o >= m:  # the chunk's first row is padding, so are the other three
                 st_global_zero(addr, 16)
@@ -274,7 +284,7 @@ class _Quantizer:
                         for jj in cutlass.range_constexpr(1, 4):  # columns past k / 16
                             if jg * 4 + jj >= kb:
                                 st_global_zero(addr + i * 4 + jj, 1)
-            c += (grid - qctas) * THREADS
+            c += THREADS
 
     @cute.jit
     def _block(self, x_addr, gs, a_addr, scale_addr) -> None:
