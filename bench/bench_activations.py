@@ -6,12 +6,16 @@ torch ops, and with --artifacts the artifacts' AOT quantizer (gg.quantize_expert
 checked against the torch path first).
 
     PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts [--compare DIR
-        [--compare-fill N]]] [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
+        [--compare-fill N]] [--masked]] [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
 
 --compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
 compile for every shape), after checking its bytes: what an engine that compiles its step gets.
 The quantizer is one opaque custom op to Inductor (traced through, its Triton compile failed on
 the H200, 2026-12-05), so this column checks that compiling works and costs what eager does.
+
+--masked also times gg.quantize_masked with and without masked_m on DeepEP low-latency shapes
+(E local experts, max_m the worst case, a few valid rows each): what skipping the masked rows
+saves, beside the floor of the valid rows' bytes.
 
 The torch path is torch operations (float64 rounding decisions): correct and sync-free, not a
 fast kernel; the AOT kernel is what serving should run.
@@ -43,6 +47,13 @@ LAYERS = (
     ("qwen3_30b_down", 128, 768, 8),
     ("dsv3_gateup_e256", 256, 7168, 8),
     ("dsv3_down_e256", 256, 2048, 8),
+)
+# The masked layout under DeepEP low-latency (--masked): (name, E, max_m, K, mean valid rows
+# per expert). max_m is the worst case (tokens per rank x ranks), most rows are masked.
+MASKED_CASES = (
+    ("dsv3_gateup_ep8", 32, 256, 7168, 8),
+    ("dsv3_gateup_ep8", 32, 1024, 7168, 32),
+    ("qwen3_30b_gateup_ep8", 16, 512, 2048, 16),
 )
 SETS = 4
 FAILED: list[str] = []  # why torch.compile(quantize_experts) failed, once it has
@@ -107,6 +118,47 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
             "aot_floor_pct": None if aot_us is None else round(100 * floor_us / aot_us, 1)}
 
 
+def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int, reps: int,
+                 copy_gbs: float) -> dict:
+    """gg.quantize_masked without and with masked_m (random counts of the given mean), each
+    captured per input set and timed interleaved, the masked one's bytes checked against the
+    torch path; its floor: read the valid rows, write their codes and all of sfa."""
+    from runtime.activations import quantize_masked
+
+    gen = torch.Generator(device="cuda").manual_seed(max_m)
+    scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
+    sets = []
+    for _ in range(SETS):
+        x = (torch.randn(experts, max_m, k, generator=gen, device="cuda") * 3).to(torch.bfloat16)
+        mask = torch.randint(0, 2 * mean + 1, (experts,), generator=gen, device="cuda",
+                             dtype=torch.int32)
+        sets.append((x, mask))
+    x0, m0 = sets[0]
+    got, want = gg.quantize_masked(x0, scales, m0), quantize_masked(x0, scales, m0)
+    if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) or any(
+            not torch.equal(got[0][e, :m], want[0][e, :m])
+            for e, m in enumerate(m0.clamp(max=max_m).tolist())):
+        raise SystemExit(f"{name} max_m {max_m}: the masked quantizer's bytes differ")
+    full = [capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]
+    masked = [capture(lambda x=x, m=m: gg.quantize_masked(x, scales, m)) for x, m in sets]
+    full_us, masked_us = time_interleaved([full, masked], reps)
+    valid = sum(int(m.clamp(max=max_m).sum()) for _, m in sets) / SETS
+    moved = valid * (k * 2 + k // 2) + experts * ((max_m + 127) // 128 * 128) * (-(-k // 64) * 4)
+    floor_us = moved / copy_gbs / 1e3
+    return {"layer": name, "experts": experts, "max_m": max_m, "k": k, "mean_rows": mean,
+            "full_us": round(full_us, 1), "masked_us": round(masked_us, 1),
+            "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / masked_us, 1)}
+
+
+def masked_table(rows: list[dict]) -> str:
+    lines = ["| input of | E | max_m | K | mean masked_m | all rows us | masked_m us | "
+             "floor us | % floor |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['layer']} | {r['experts']} | {r['max_m']} | {r['k']} | {r['mean_rows']} | "
+              f"{r['full_us']} | {r['masked_us']} | {r['floor_us']} | {r['floor_pct']} |"
+              for r in rows]
+    return "\n".join(lines)
+
+
 def time_compiled(compiled: Any, sets: list, scales: torch.Tensor, reps: int,
                   label: str) -> float | None:
     """us per replay of the compiled quantizer on `sets`, after checking its bytes against
@@ -155,10 +207,15 @@ def main() -> int:
                     help="with --compare: the sfa-filling chunks per thread of the --compare "
                          "side's launches (default: the runtime's FILL_CHUNKS_PER_THREAD), "
                          "to A/B a build as shipped with its own launch plan")
+    ap.add_argument("--masked", action="store_true",
+                    help="with --artifacts: also time gg.quantize_masked with and without "
+                         "masked_m on DeepEP low-latency shapes (MASKED_CASES)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.compare and not args.artifacts:
         ap.error("--compare needs --artifacts (the quantizer to compare it with)")
+    if args.masked and not args.artifacts:
+        ap.error("--masked needs --artifacts (it times the AOT quantizer)")
     if args.compare_fill is not None and (not args.compare or args.compare_fill < 1):
         ap.error(f"--compare-fill {args.compare_fill}: needs --compare and a count >= 1")
     if not torch.cuda.is_available():
@@ -176,12 +233,17 @@ def main() -> int:
     rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before,
                        args.compare_fill)
             for name, e, k, topk in LAYERS for tok in args.tokens]
+    masked = [bench_masked(gg, *case, args.reps, copy_gbs) for case in MASKED_CASES
+              ] if args.masked else []
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))
+    if masked:
+        print(masked_table(masked))
     if FAILED:
         print(f"compiled: failed ({FAILED[0]})")
     if args.json:
-        Path(args.json).write_text(json.dumps({"copy_gbs": copy_gbs, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"copy_gbs": copy_gbs, "rows": rows,
+                                               "masked": masked}, indent=1))
     return 0
 
 

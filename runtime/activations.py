@@ -2,7 +2,7 @@
 host: no device sync, so it runs inside a captured CUDA graph whose routing changes every replay.
 
     a, sfa = quantize_experts(x, offs, input_scale)  # for gg.scaled_grouped_mm(.., offs)
-    a, sfa = quantize_masked(x, input_scale)  # for gg.masked_grouped_mm(.., masked_m)
+    a, sfa = quantize_masked(x, input_scale, masked_m)  # for gg.masked_grouped_mm(.., masked_m)
 
 `input_scale` holds the experts' DECODE scales (ModelOpt's `input_scale`, runtime/nvfp4.py's
 convention): rows of expert g are block-quantized as x / input_scale[g], so that
@@ -118,6 +118,21 @@ def _check_masked_x(x: Any) -> torch.Tensor:
     return x
 
 
+def _check_masked_m(masked_m: Any, experts: int, device: torch.device) -> torch.Tensor | None:
+    """None, or masked_m as masked_grouped_mm takes it: int32 (E,) on x's device."""
+    if masked_m is None:
+        return None
+    if not isinstance(masked_m, torch.Tensor) or masked_m.dtype != torch.int32:
+        got = masked_m.dtype if isinstance(masked_m, torch.Tensor) else type(masked_m).__name__
+        raise InputError(f"masked_m must be None or an int32 torch.Tensor, but got {got}")
+    if tuple(masked_m.shape) != (experts,):
+        raise InputError(f"masked_m must have shape ({experts},) (one row count per expert of "
+                         f"x), but got {tuple(masked_m.shape)}")
+    if masked_m.device != device:
+        raise InputError(f"masked_m must be on x's device {device}, but got {masked_m.device}")
+    return masked_m
+
+
 def _quantize_rows(x: torch.Tensor, row_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (rows, K) with a float64 decode scale per row (rows,) -> (packed uint8 (rows, K // 2),
     uint8 plain scales (rows, K // 16)), in chunks of rows; non-finite blocks get NaN scales."""
@@ -154,15 +169,22 @@ def quantize_experts(x: torch.Tensor, offs: torch.Tensor,
 
 
 @torch.no_grad()
-def quantize_masked(x: torch.Tensor,
-                    input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_masked(x: torch.Tensor, input_scale: torch.Tensor | float,
+                    masked_m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations x (E, max_m, K) in the masked layout for `gg.masked_grouped_mm`:
     returns (a uint8 (E, max_m, K // 2), sfa float8_e4m3fn (E, round_up(max_m, 128) *
     round_up(K / 16, 4)), each expert's scales in the blocked layout). Expert e's rows use
-    decode scale input_scale[e] (float32 (E,) on x's device, or one real number). Every row
-    is quantized: which ones are valid (masked_m) is only known on the device."""
+    decode scale input_scale[e] (float32 (E,) on x's device, or one real number).
+
+    masked_m: None (every row is quantized) or the int32 (E,) row counts the GEMM will take
+    (never read on the host; each clamped to [0, max_m] as masked_grouped_mm does). Then
+    expert e's rows from masked_m[e] on are not quantized: their scales in sfa are 0 and their
+    bytes of `a` are unspecified (the AOT kernel neither reads those rows of x nor writes
+    them, which is the point under DeepEP low-latency, whose max_m is the worst case)."""
     x = _check_masked_x(x)
-    return torch.ops.nvfp4.quantize_masked(x, _decode_scales(input_scale, x.shape[0], x.device))
+    masked_m = _check_masked_m(masked_m, x.shape[0], x.device)
+    return torch.ops.nvfp4.quantize_masked(x, _decode_scales(input_scale, x.shape[0], x.device),
+                                           masked_m)
 
 
 # The work is one custom op per layout, opaque to torch.compile: Inductor must not fuse these
@@ -192,16 +214,24 @@ def _quantize_experts_fake(x: Tensor, offs: Tensor, scales: Tensor) -> tuple[Ten
 
 
 @torch.library.custom_op("nvfp4::quantize_masked", mutates_args=())
-def _quantize_masked_op(x: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+def _quantize_masked_op(x: Tensor, scales: Tensor,
+                        masked_m: Tensor | None = None) -> tuple[Tensor, Tensor]:
     experts, max_m, k = x.shape
     packed, plain = _quantize_rows(x.reshape(experts * max_m, k),
                                    scales.repeat_interleave(max_m))
-    return (packed.view(experts, max_m, k // 2),
-            _blocked_bytes(plain.view(experts, max_m, k // SF_VEC), 0).view(torch.float8_e4m3fn))
+    plain = plain.view(experts, max_m, k // SF_VEC)
+    packed = packed.view(experts, max_m, k // 2)
+    if masked_m is not None:  # rows past masked_m: scales 0 (codes too, unspecified for callers)
+        valid = (torch.arange(max_m, device=x.device)[None, :]
+                 < masked_m.to(torch.int64).clamp(0, max_m)[:, None])[..., None]
+        plain = torch.where(valid, plain, 0)
+        packed = torch.where(valid, packed, 0)
+    return packed, _blocked_bytes(plain, 0).view(torch.float8_e4m3fn)
 
 
 @_quantize_masked_op.register_fake
-def _quantize_masked_fake(x: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+def _quantize_masked_fake(x: Tensor, scales: Tensor,
+                          masked_m: Tensor | None = None) -> tuple[Tensor, Tensor]:
     experts, max_m, k = x.shape
     return (x.new_empty((experts, max_m, k // 2), dtype=torch.uint8),
             x.new_empty((experts, blocked_scale_numel(max_m, k)), dtype=torch.float8_e4m3fn))

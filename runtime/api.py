@@ -315,13 +315,15 @@ class GroupedGemm:
 
         return quantize_experts(self, x, offs, input_scale)
 
-    def quantize_masked(self, x: torch.Tensor,
-                        input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+    def quantize_masked(self, x: torch.Tensor, input_scale: torch.Tensor | float,
+                        masked_m: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """x (E, max_m, K) in the masked layout -> (a, sfa) for masked_grouped_mm, as
-        quantize_experts."""
+        quantize_experts; with masked_m (int32 (E,) on the device, as the GEMM takes it) the
+        rows past masked_m[e] are skipped (runtime.activations.quantize_masked)."""
         from .quantize import quantize_masked
 
-        return quantize_masked(self, x, input_scale)
+        return quantize_masked(self, x, input_scale, masked_m)
 
     def bind(self, a_list: Sequence[torch.Tensor], b_list: Sequence[torch.Tensor],
              sfa_list: Sequence[torch.Tensor], sfb_list: Sequence[torch.Tensor],

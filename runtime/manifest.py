@@ -61,18 +61,24 @@ CALL_OPERANDS = ("a", "b", "sfa", "sfb", "c", "offs", "masked_m")
 # NVFP4 a and blocked sfa for one serving layout. Their operand and scalar parameters carry
 # these names (a vocabulary of their own: they share no table or operand with the GEMMs).
 QUANT_LAYOUTS = ("experts", "masked")
-QUANT_OPERANDS = ("x", "offs", "scales", "a", "sfa")
-QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m", "sfa_chunks")
+QUANT_OPERANDS = ("x", "offs", "scales", "a", "sfa", "masked_m")
+QUANT_SCALARS = ("rows", "k", "experts", "blocks", "max_m", "sfa_chunks", "quant_ctas")
 # The values runtime/quantize.py passes to each layout's kernel, by role: a record must take
 # each exactly once (a renamed or repeated role would put one pointer in two slots).
 QUANT_ROLES = {"experts": frozenset({"x", "offs", "scales", "a", "sfa", "rows", "k", "experts",
                                      "blocks"}),
                "masked": frozenset({"x", "scales", "a", "sfa", "max_m", "k", "experts",
                                     "blocks"})}
-# Taken at most once by either layout: `sfa_chunks` (sfa's 16-byte chunks) marks a kernel
-# that writes every byte of sfa, its padding's zeros from CTAs after the quantizing ones
+# Taken at most once, by layout: `sfa_chunks` (sfa's 16-byte chunks) marks a kernel that
+# writes every byte of sfa, its padding's zeros from CTAs after the quantizing ones
 # (twenty-seventh session); a record without it (built before) needs sfa zeroed first.
-QUANT_OPTIONAL_ROLES = frozenset({"sfa_chunks"})
+# `masked_m` and `quant_ctas` (together, twenty-eighth session): a masked kernel that takes the
+# valid rows of each expert (or a null address) and quantizes grid-stride from quant_ctas
+# CTAs; a record without them (built before) quantizes every row, one block per thread.
+QUANT_OPTIONAL_ROLES = {"experts": frozenset({"sfa_chunks"}),
+                        "masked": frozenset({"sfa_chunks", "masked_m", "quant_ctas"})}
+# Optional roles a record takes all or none of.
+QUANT_ROLES_TOGETHER = (frozenset({"masked_m", "quant_ctas"}),)
 # Output element types a kernel can be built for (shapes.yaml `out_dtypes`), by torch name, and
 # the short form in kernel names ("<set>.<arch>.acc<n>.<short>").
 OUT_DTYPES = ("float16", "bfloat16")
@@ -367,6 +373,12 @@ class Quantizer(Record):
         """Whether the kernel writes all of sfa, padding zeros included (QUANT_OPTIONAL_ROLES):
         then the runtime launches its filling CTAs and skips the memset."""
         return any(p.kind == "scalar" and p.value == "sfa_chunks" for p in self.params)
+
+    @property
+    def takes_mask(self) -> bool:
+        """Whether the (masked) kernel takes masked_m and its quantizing CTA count
+        (QUANT_OPTIONAL_ROLES): it then skips the masked rows, and serves a call with masked_m."""
+        return any(p.kind == "operand" and p.operand == "masked_m" for p in self.params)
 
     def record(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in fields(self)}
@@ -715,11 +727,15 @@ def parse_quantizer(obj: Any, source: str) -> Quantizer:
     if q.cubin_bytes < 1:
         raise ManifestError(f"{source}.cubin_bytes must be positive, but got {q.cubin_bytes}")
     roles = [p.operand if p.kind == "operand" else p.value for p in q.params]
-    if len(set(roles)) != len(roles) or set(roles) - QUANT_OPTIONAL_ROLES != QUANT_ROLES[q.layout]:
+    optional = QUANT_OPTIONAL_ROLES[q.layout]
+    if len(set(roles)) != len(roles) or set(roles) - optional != QUANT_ROLES[q.layout] \
+            or any(0 < len(set(roles) & both) < len(both) for both in QUANT_ROLES_TOGETHER):
+        together = " and ".join(f"{sorted(both)} all or none" for both in QUANT_ROLES_TOGETHER
+                                if both <= optional)
         raise ManifestError(f"{source}.params must take each of "
                             f"{sorted(QUANT_ROLES[q.layout])} once, and may take "
-                            f"{sorted(QUANT_OPTIONAL_ROLES)} once (the {q.layout} layout's "
-                            f"launch values), but take {roles}")
+                            f"{sorted(optional)} once{', ' + together if together else ''} "
+                            f"(the {q.layout} layout's launch values), but take {roles}")
     want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, 0)
     if not want_experts[0] <= q.max_experts <= want_experts[1]:
         raise ManifestError(f"{source}.max_experts must be in {want_experts[0]}.."

@@ -2,7 +2,7 @@
 act_quant.py), launched for `gg.quantize_experts` and `gg.quantize_masked`:
 
     a, sfa = gg.quantize_experts(x, offs, input_scale)   # for gg.scaled_grouped_mm(.., offs)
-    a, sfa = gg.quantize_masked(x, input_scale)          # for gg.masked_grouped_mm(..)
+    a, sfa = gg.quantize_masked(x, input_scale[, masked_m])  # for gg.masked_grouped_mm(..)
 
 The same arguments, results and bits as runtime.activations' functions of those names (their
 docstrings hold the contract: decode scales, NaN poisoning, rows past offs[-1]), in one AOT
@@ -21,11 +21,12 @@ torch path, which gives the same bits, slowly; `quantizer_for` says which one a 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .activations import (
+    _check_masked_m,
     _check_masked_x,
     _check_offs,
     _check_scales,
@@ -38,26 +39,33 @@ from .manifest import Quantizer
 
 __all__ = ["quantize_experts", "quantize_masked", "quantizer_for"]
 
-def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int) -> Quantizer | None:
+def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int,
+                  masked: bool = False) -> Quantizer | None:
     """The quantizer that serves a call of `layout` on x (bf16, on a CUDA device) with
-    `experts` experts, or None when the call takes the torch path (module docstring)."""
+    `experts` experts (`masked`: and a masked_m), or None when the call takes the torch path
+    (module docstring)."""
     if x.dtype != torch.bfloat16 or x.device.type != "cuda":
         return None
     q = gg.store.manifest.quantizer(layout, gg._runtime(x.device.index).arch)
-    return q if q is not None and fits(q, tuple(x.shape), experts) else None
+    if q is None or (masked and not _traits(q).takes_mask):
+        return None  # a masked kernel built before 2026-12-07 quantizes every row
+    return q if fits(q, tuple(x.shape), experts) else None
 
 
 def fits(q: Quantizer, shape: tuple[int, ...], experts: int) -> bool:
     """Whether quantizer q can take x of `shape` ((T, K) or (E, max_m, K)) with `experts`
-    experts: its tables hold them, and it indexes the 16-element blocks (plus one CTA of
-    threads) and sfa's bytes in Int32."""
+    experts: its tables hold them, and it indexes the 16-element blocks, plus the stride of a
+    grid-stride kernel (Quantizer.takes_mask: at most one thread per block) or one CTA of
+    threads, and sfa's bytes in Int32."""
     if q.layout == "experts" and experts > q.max_experts:
         return False
     k = shape[-1]
     blocks = math.prod(shape) // SF_VEC
+    threads = q.block[0]
+    past = -(-blocks // threads) * threads if _traits(q).takes_mask else threads
     sfa_bytes = (sfa_rows_needed(shape[0], experts) * scale_cols(k) if q.layout == "experts"
                  else experts * blocked_scale_numel(shape[1], k))
-    return blocks + q.block[0] < INT32_LIMIT and sfa_bytes < INT32_LIMIT
+    return blocks + past < INT32_LIMIT and sfa_bytes < INT32_LIMIT
 
 
 def _scales32(input_scale: Any, experts: int, device: torch.device) -> torch.Tensor:
@@ -79,6 +87,27 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
 # chunks: any count of CTAs is correct). 4 (910 CTAs for DeepSeek-V3 gate-up's 14.9 MB) made
 # that call 2 us slower than a memset (H100, 2026-12-07); 16 puts 256 bytes on a thread.
 FILL_CHUNKS_PER_THREAD = 16
+# A masked call's quantizing CTAs per SM at most (the kernel is grid-stride, so any count is
+# correct): under DeepEP low-latency most of x's rows are masked, and one CTA per 256 blocks
+# would launch tens of thousands of CTAs that only find their rows masked.
+MASKED_CTAS_PER_SM = 4
+
+
+class _Traits(NamedTuple):
+    fills_sfa: bool  # Quantizer.fills_sfa
+    takes_mask: bool  # Quantizer.takes_mask
+
+
+_TRAITS: dict[int, tuple[Quantizer, _Traits]] = {}
+
+
+def _traits(q: Quantizer) -> _Traits:
+    """q's launch traits, read once per record (each property scans its parameters, about
+    0.8 us, and a call asks up to four times: the serving hot path)."""
+    hit = _TRAITS.get(id(q))
+    if hit is None or hit[0] is not q:
+        hit = _TRAITS[id(q)] = (q, _Traits(q.fills_sfa, q.takes_mask))
+    return hit[1]
 
 
 def _new_sfa(fills: bool, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -89,19 +118,26 @@ def _new_sfa(fills: bool, shape: tuple[int, ...], device: torch.device) -> torch
 
 
 def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any],
-            fills: bool) -> None:
-    """Launch q over x's 16-element blocks, then (`fills`: q.fills_sfa, which the caller reads
-    once per call: it scans q's parameters, 0.8 us) the CTAs that zero sfa's padding;
-    `values` holds the tensors (kept alive here until the launch is enqueued: a temporary
-    contiguous copy must not be freed before) and ints."""
+            quant_ctas: int | None = None) -> None:
+    """Launch q over x's 16-element blocks, then (Quantizer.fills_sfa) the CTAs that zero
+    sfa's padding; `values` holds the tensors (kept alive here until the launch is enqueued:
+    a temporary contiguous copy must not be freed before), ints and None for a null address.
+    `quant_ctas`: a grid-stride kernel's quantizing CTAs (Quantizer.takes_mask), at most one
+    per THREADS blocks; None: one per THREADS blocks."""
+    fills, takes_mask = _traits(q)
     blocks = x.numel() // SF_VEC
     chunks = values["sfa"].numel() // 16
     if not blocks and not (fills and chunks):
         return
-    args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    args = {k: v.data_ptr() if isinstance(v, torch.Tensor) else (0 if v is None else v)
+            for k, v in values.items()}
     args["blocks"] = blocks
     threads = q.block[0]
     grid = -(-blocks // threads)
+    if quant_ctas is not None:
+        grid = min(grid, quant_ctas)
+    if takes_mask:
+        args["quant_ctas"] = grid
     if fills:
         args["sfa_chunks"] = chunks
         grid += max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
@@ -124,29 +160,37 @@ def quantize_experts(gg: Any, x: torch.Tensor, offs: torch.Tensor,
     x = _kernel_input(x)
     t, k = x.shape
     a = torch.empty((t, k // 2), dtype=torch.uint8, device=x.device)
-    fills = q.fills_sfa
-    sfa = _new_sfa(fills, (sfa_rows_needed(t, experts) * scale_cols(k),), x.device)
+    sfa = _new_sfa(_traits(q).fills_sfa, (sfa_rows_needed(t, experts) * scale_cols(k),),
+                   x.device)
     _launch(gg, q, x, {"x": x, "offs": offs.contiguous(), "scales": scales, "a": a, "sfa": sfa,
-                       "rows": t, "k": k, "experts": experts}, fills)
+                       "rows": t, "k": k, "experts": experts})
     return a, sfa.view(torch.float8_e4m3fn)
 
 
 @torch.no_grad()
-def quantize_masked(gg: Any, x: torch.Tensor,
-                    input_scale: torch.Tensor | float) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_masked(gg: Any, x: torch.Tensor, input_scale: torch.Tensor | float,
+                    masked_m: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """runtime.activations.quantize_masked through gg's quantizer where one serves the call:
     (a uint8 (E, max_m, K // 2), sfa float8_e4m3fn (E, round_up(max_m, 128) *
-    round_up(K / 16, 4)))."""
+    round_up(K / 16, 4))); with masked_m, the rows past masked_m[e] are neither read nor
+    written (their scales are zeros, their codes unspecified)."""
     x = _check_masked_x(x)
     experts, max_m, k = x.shape
-    q = quantizer_for(gg, "masked", x, experts)
+    masked_m = _check_masked_m(masked_m, experts, x.device)
+    q = quantizer_for(gg, "masked", x, experts, masked=masked_m is not None)
     if q is None:
-        return _torch_masked(x, input_scale)
+        return _torch_masked(x, input_scale, masked_m)
     scales = _scales32(input_scale, experts, x.device)
     x = _kernel_input(x)
     a = torch.empty((experts, max_m, k // 2), dtype=torch.uint8, device=x.device)
-    fills = q.fills_sfa
-    sfa = _new_sfa(fills, (experts, blocked_scale_numel(max_m, k)), x.device)
-    _launch(gg, q, x, {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
-                       "experts": experts}, fills)
+    traits = _traits(q)
+    sfa = _new_sfa(traits.fills_sfa, (experts, blocked_scale_numel(max_m, k)), x.device)
+    values = {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
+              "experts": experts}
+    cap = None
+    if traits.takes_mask:
+        values["masked_m"] = None if masked_m is None else masked_m.contiguous()
+        if masked_m is not None:
+            cap = gg._runtime(x.device.index).device.sm_count * MASKED_CTAS_PER_SM
+    _launch(gg, q, x, values, cap)
     return a, sfa.view(torch.float8_e4m3fn)

@@ -21,8 +21,8 @@ Schemas:
                              ScalarType out_dtype=torch.bfloat16) -> Tensor
     nvfp4::act_quant_experts(Tensor x, Tensor offs, Tensor input_scale,
                              str artifacts="default") -> (Tensor, Tensor)
-    nvfp4::act_quant_masked(Tensor x, Tensor input_scale, str artifacts="default")
-                            -> (Tensor, Tensor)
+    nvfp4::act_quant_masked(Tensor x, Tensor input_scale, str artifacts="default",
+                            Tensor? masked_m=None) -> (Tensor, Tensor)
 
 act_quant_*: `GroupedGemm.quantize_experts` / `quantize_masked` (runtime/quantize.py: the
 artifacts' AOT activation quantizers), input_scale a float32 (E,) tensor of decode scales.
@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from .activations import (
+    _check_masked_m,
     _check_masked_x,
     _check_offs,
     _check_scales,
@@ -371,15 +372,16 @@ def _act_quant_experts_fake(x: Tensor, offs: Tensor, input_scale: Tensor,
 
 
 @torch.library.custom_op(f"{NAMESPACE}::act_quant_masked", mutates_args=())
-def _act_quant_masked(x: Tensor, input_scale: Tensor,
-                      artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
-    return lookup(artifacts).quantize_masked(x, input_scale)
+def _act_quant_masked(x: Tensor, input_scale: Tensor, artifacts: str = DEFAULT,
+                      masked_m: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return lookup(artifacts).quantize_masked(x, input_scale, masked_m)
 
 
 @_act_quant_masked.register_fake
-def _act_quant_masked_fake(x: Tensor, input_scale: Tensor,
-                           artifacts: str = DEFAULT) -> tuple[Tensor, Tensor]:
+def _act_quant_masked_fake(x: Tensor, input_scale: Tensor, artifacts: str = DEFAULT,
+                           masked_m: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """The eager checks and the outputs: a uint8 (E, max_m, K // 2), sfa e4m3 (E, blocked)."""
     x = _check_masked_x(x)
     _check_scales(input_scale, x.shape[0], x.device)
-    return _quantize_masked_fake(x, input_scale)
+    _check_masked_m(masked_m, x.shape[0], x.device)
+    return _quantize_masked_fake(x, input_scale, masked_m)

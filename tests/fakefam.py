@@ -203,7 +203,8 @@ from {pkg}.common import fake_elf
 # The shipped kernels' parameters (kernels/sm90/act_quant.py), pointers then 32-bit scalars.
 ROLES = {{"experts": (["x", "offs", "scales", "a", "sfa"],
                      ["rows", "k", "experts", "blocks", "sfa_chunks"]),
-         "masked": (["x", "scales", "a", "sfa"], ["max_m", "k", "experts", "blocks", "sfa_chunks"])}}
+         "masked": (["x", "scales", "masked_m", "a", "sfa"],
+                    ["max_m", "k", "experts", "blocks", "sfa_chunks", "quant_ctas"])}}
 
 
 def compile_quantizer(layout, *, arch):

@@ -267,17 +267,68 @@ def test_the_experts_fill_writes_exactly_what_the_quantizing_threads_do_not(expe
         assert covered_once(nbytes, quantized, fill_writes(nbytes // 16, k, owner_rows))
 
 
+def masked_walk(experts: int, max_m: int, k: int, valid: list[int],
+                quant_ctas: int) -> tuple[list[int], int]:
+    """ActQuantMasked's quantizing loop, step for step, over quant_ctas CTAs of 256 threads:
+    (the blocks quantized, the most masked-row steps any thread took). valid[e]: expert e's
+    clamped masked_m."""
+    kb = k // 16
+    blocks, stride, expert_blocks = experts * max_m * kb, quant_ctas * 256, max_m * kb
+    out, most = [], 0
+    for first in range(stride):
+        idx, skips = first, 0
+        while idx < blocks:
+            r, j = divmod(idx, kb)
+            e, row = divmod(r, max_m)
+            if row < valid[e]:
+                out.append(idx)
+                idx += stride
+            else:  # the first block of expert e + 1 on this thread's stride
+                idx += ((e + 1) * expert_blocks - idx + stride - 1) // stride * stride
+                skips += 1
+            assert idx < blocks + stride  # runtime.quantize.fits keeps this within Int32
+        most = max(most, skips)
+    return out, most
+
+
 @pytest.mark.parametrize("max_m", [1, 31, 128, 130])
 @pytest.mark.parametrize("k", [16, 80, 256])
-def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m, k) -> None:
-    """ActQuantMasked with no memset: the E x max_m rows' scale bytes and the fill's zeros
-    cover sfa (E, round_up(max_m, 128) * scale_cols(k)) once."""
+@pytest.mark.parametrize("masked", [None, (0, 1, 10**6), (-3, 129, 30)])
+def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m, k,
+                                                                          masked) -> None:
+    """ActQuantMasked with no memset: the valid rows' scale bytes (every row without masked_m;
+    those below masked_m[e], clamped to [0, max_m], with it) and the fill's zeros cover sfa
+    (E, round_up(max_m, 128) * scale_cols(k)) once."""
     from runtime.formats import blocked_scale_numel
 
     experts, kb = 3, k // 16
+    valid = [max_m] * experts if masked is None else [min(max(m, 0), max_m) for m in masked]
     per_expert = blocked_scale_numel(max_m, k)
     expert_rows = (max_m + 127) // 128 * 128
     quantized = [e * per_expert + blocked_scale_offset(r, j, k)
-                 for e in range(experts) for r in range(max_m) for j in range(kb)]
-    zeros = fill_writes(experts * per_expert // 16, k, lambda row0: (row0 % expert_rows, max_m))
+                 for e in range(experts) for r in range(valid[e]) for j in range(kb)]
+    zeros = fill_writes(experts * per_expert // 16, k,
+                        lambda row0: (row0 % expert_rows, valid[row0 // expert_rows]))
     assert covered_once(experts * per_expert, quantized, zeros)
+
+
+@pytest.mark.parametrize("max_m,k", [(1, 16), (31, 80), (130, 256), (700, 48)])
+@pytest.mark.parametrize("masked", [None, (0, 1, 10**6, 5), (-3, 129, 30, 0), (0, 0, 0, 0)])
+@pytest.mark.parametrize("quant_ctas", [1, 3, None])
+def test_the_masked_quantizing_walk_takes_each_valid_block_once(max_m, k, masked,
+                                                                quant_ctas) -> None:
+    """The grid-stride loop, for any quantizing CTA count (None: one per 256 blocks, the plan
+    without masked_m): every block of a valid row exactly once, none of a masked row, and at
+    most one masked-row step per expert for each thread (masked rows cost no loads)."""
+    experts = 4
+    valid = [max_m] * experts if masked is None else [min(max(m, 0), max_m) for m in masked]
+    blocks = experts * max_m * (k // 16)
+    ctas = quant_ctas or -(-blocks // 256)
+    got, most = masked_walk(experts, max_m, k, valid, ctas)
+    kb = k // 16
+    want = [(e * max_m + r) * kb + j for e in range(experts) for r in range(valid[e])
+            for j in range(kb)]
+    assert sorted(got) == want
+    assert most <= experts
+    if masked is None and quant_ctas is None:
+        assert most == 0 and len(got) == blocks  # one block per thread, as before

@@ -115,6 +115,47 @@ def test_quantize_masked_is_quantize_nvfp4_and_to_blocked_per_expert(max_m) -> N
         assert torch.equal(sfa[e].view(torch.uint8), to_blocked(ref_s).view(torch.uint8))
 
 
+@pytest.mark.parametrize("max_m,masked", [
+    (5, [0, 3, 5]),  # an expert with no row, one partly and one wholly valid
+    (130, [129, 130, 1]),  # rows past the first 128-row block
+    (6, [-4, 7, 2**31 - 1]),  # clamped to [0, max_m], as masked_grouped_mm reads it
+])
+def test_quantize_masked_with_masked_m_zeroes_the_scales_of_rows_past_it(max_m, masked) -> None:
+    """Rows below masked_m[e] get the unmasked bits; every scale of a row past it is 0 (so the
+    GEMM's padding rows multiply zeros); the codes of those rows are unspecified."""
+    gen = torch.Generator().manual_seed(max_m)
+    experts, k = 3, 80
+    x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16)
+    x[0, -1, 3] = float("nan")  # a masked row's NaN poisons nothing
+    scales = torch.tensor([0.5, 2.0 ** -9, 0.013], dtype=torch.float32)
+    a, sfa = quantize_masked(x, scales, torch.tensor(masked, dtype=torch.int32))
+    full_a, full_sfa = quantize_masked(x, scales)
+    for e, m in enumerate(masked):
+        valid = min(max(m, 0), max_m)
+        assert torch.equal(a[e, :valid], full_a[e, :valid])
+        got = from_blocked(sfa[e], max_m, k).view(torch.uint8)
+        want = from_blocked(full_sfa[e], max_m, k).view(torch.uint8)
+        assert torch.equal(got[:valid], want[:valid])
+        assert not got[valid:].any()
+        # The blocked padding (rows past max_m, columns past K / 16) stays 0 as before.
+        assert sfa[e].view(torch.uint8).sum() == got.sum(dtype=torch.int64)
+
+
+@pytest.mark.parametrize("masked_m,message", [
+    ([1, 2], "masked_m must be None or an int32 torch.Tensor, but got list"),
+    (torch.tensor([1, 2]), "masked_m must be None or an int32 torch.Tensor, but got torch.int64"),
+    (torch.tensor([1, 2, 3], dtype=torch.int32),
+     r"masked_m must have shape \(2,\) \(one row count per expert of x\), but got \(3,\)"),
+    (torch.tensor([[1, 2]], dtype=torch.int32),
+     r"masked_m must have shape \(2,\) \(one row count per expert of x\), but got \(1, 2\)"),
+    (torch.zeros(2, dtype=torch.int32, device="meta"),
+     "masked_m must be on x's device cpu, but got meta"),
+])
+def test_a_bad_masked_m_is_refused(masked_m, message) -> None:
+    with pytest.raises(InputError, match=f"^{message}$"):
+        quantize_masked(torch.zeros(2, 4, 64), 1.0, masked_m)
+
+
 def test_blocks_with_nan_or_inf_get_nan_scales_and_others_stay_exact() -> None:
     x, offs, scales = routed([8, 8], 64, 0, torch.float32, seed=6)
     x[2, 5] = float("nan")  # row 2, block 0 (expert 0)
@@ -146,6 +187,7 @@ def test_no_tensor_value_is_read_on_the_host(monkeypatch) -> None:
         monkeypatch.setattr(torch.Tensor, name, refuse)
     quantize_experts(x, offs, scales)
     quantize_masked(xm, scales)
+    quantize_masked(xm, scales, torch.tensor([6, 0, 2, 9], dtype=torch.int32))
 
 
 @pytest.mark.parametrize("args,message", [
@@ -213,7 +255,9 @@ def test_both_quantizers_trace_whole_under_torch_compile() -> None:
     quantizers fit inside a compiled serving step, with the eager bits."""
     x, offs, scales = routed([3, 0, 17, 4], 64, 2, torch.bfloat16, seed=3)
     xm = x[:24].reshape(4, 6, 64)
-    for fn, args in ((quantize_experts, (x, offs, scales)), (quantize_masked, (xm, scales))):
+    mask = torch.tensor([6, 0, 2, 9], dtype=torch.int32)
+    for fn, args in ((quantize_experts, (x, offs, scales)), (quantize_masked, (xm, scales)),
+                     (quantize_masked, (xm, scales, mask))):
         compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
         for got, want in zip(compiled(*args), fn(*args)):
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -27,13 +27,15 @@ def _param(i: int, name: str, kind: str) -> Param:
                  value=name if kind == "scalar" else None)
 
 
-def quantizer(layout: str, fills: bool = True) -> Quantizer:
+def quantizer(layout: str, fills: bool = True, mask: bool = True) -> Quantizer:
     """A record with the shipped kernels' parameter lists (tests/test_shipped_kernels.py);
-    fills=False: one built before the kernels wrote sfa's padding (no sfa_chunks)."""
-    ops = ["x", "offs", "scales", "a", "sfa"] if layout == "experts" else ["x", "scales", "a",
-                                                                          "sfa"]
+    fills=False: one built before the kernels wrote sfa's padding (no sfa_chunks); mask=False:
+    a masked one built before it took masked_m (and quant_ctas)."""
+    mask = mask and layout == "masked"
+    ops = (["x", "offs", "scales", "a", "sfa"] if layout == "experts"
+           else ["x", "scales"] + ["masked_m"] * mask + ["a", "sfa"])
     scalars = ["rows" if layout == "experts" else "max_m", "k", "experts", "blocks"]
-    scalars += ["sfa_chunks"] if fills else []
+    scalars += ["sfa_chunks"] * fills + ["quant_ctas"] * mask
     params = [_param(i, n, "operand") for i, n in enumerate(ops)]
     at = 8 * len(ops)
     params += [Param(name=n, kind="scalar", offset=at + 4 * i, size=4, align=4, value=n)
@@ -56,16 +58,28 @@ def test_the_experts_kernel_takes_what_its_tables_and_int32_indices_hold(shape, 
     assert rq.fits(quantizer("experts"), shape, experts) is ok
 
 
-def test_the_masked_kernel_takes_any_expert_count_and_sfa_within_int32():
-    q = quantizer("masked")
+@pytest.mark.parametrize("mask", [True, False])
+def test_the_masked_kernel_takes_any_expert_count_and_sfa_within_int32(mask):
+    q = quantizer("masked", mask=mask)
     assert rq.fits(q, (4096, 16, 2048), 4096)
     # sfa: E * 128 rows * K / 16 bytes reaches 2^31 before the blocks do (K 16384).
     e = 2 ** 31 // blocked_scale_numel(1, 16384)
     assert rq.fits(q, (e - 1, 1, 16384), e - 1) and not rq.fits(q, (e, 1, 16384), e)
 
 
+def test_a_grid_stride_masked_kernel_keeps_its_last_stride_within_int32():
+    """The grid-stride kernel (masked_m) steps a thread's block index past the last block by
+    up to its stride, at most one thread per block: 2^30 - 1024 blocks fit, 2^30 do not (the
+    one-pass kernel built before takes them: its bound is blocks + 256)."""
+    k = 2 ** 14  # 1024 blocks a row
+    assert rq.fits(quantizer("masked"), (1, 2 ** 20 - 1, k), 1)
+    assert not rq.fits(quantizer("masked"), (1, 2 ** 20, k), 1)
+    assert rq.fits(quantizer("masked", mask=False), (1, 2 ** 20, k), 1)
+
+
 class _Recorder:
     arch = "sm_90a"
+    device = SimpleNamespace(sm_count=132)
 
     def __init__(self) -> None:
         self.launches: list = []
@@ -86,11 +100,13 @@ def _gg(*quantizers: Quantizer):
 @pytest.fixture
 def on_cuda(monkeypatch):
     """quantizer_for as on a CUDA device (these CPU tensors stand in for CUDA ones)."""
-    def patched(gg, layout, x, experts):
+    def patched(gg, layout, x, experts, masked=False):
         if x.dtype != torch.bfloat16:
             return None
         q = gg.store.manifest.quantizer(layout, "sm_90a")
-        return q if q is not None and rq.fits(q, tuple(x.shape), experts) else None
+        if q is None or (masked and not q.takes_mask):
+            return None
+        return q if rq.fits(q, tuple(x.shape), experts) else None
 
     monkeypatch.setattr(rq, "quantizer_for", patched)
 
@@ -145,7 +161,8 @@ def test_a_call_with_no_tokens_still_fills_sfa(on_cuda, fills):
 
 def test_a_real_input_scale_is_filled_on_the_device_in_float32(on_cuda, monkeypatch):
     seen = []
-    monkeypatch.setattr(rq, "_launch", lambda gg, q, x, values, fills: seen.append(values["scales"]))
+    monkeypatch.setattr(rq, "_launch", lambda gg, q, x, values, ctas=None:
+                        seen.append(values["scales"]))
     gg, _ = _gg(quantizer("experts"))
     rq.quantize_experts(gg, torch.randn(4, 32).bfloat16(), torch.tensor([4], dtype=torch.int32),
                         1 / 3)
@@ -210,6 +227,60 @@ def test_the_ops_fakes_give_the_output_shapes_and_run_the_checks():
         am, sfam = torch.ops.nvfp4.act_quant_masked(x.view(3, 100, 96), torch.empty(3))
         assert tuple(am.shape) == (3, 100, 48)
         assert tuple(sfam.shape) == (3, blocked_scale_numel(100, 96))
+        mask = torch.empty(3, dtype=torch.int32)
+        am, sfam = torch.ops.nvfp4.act_quant_masked(x.view(3, 100, 96), torch.empty(3),
+                                                     masked_m=mask)
+        assert (tuple(am.shape), tuple(sfam.shape)) == ((3, 100, 48),
+                                                        (3, blocked_scale_numel(100, 96)))
+        with pytest.raises(InputError, match="masked_m must be None or an int32 torch.Tensor, "
+                                             "but got torch.int64"):
+            torch.ops.nvfp4.act_quant_masked(x.view(3, 100, 96), torch.empty(3),
+                                             masked_m=torch.empty(3, dtype=torch.int64))
         with pytest.raises(InputError, match="input_scale must be float32, but got "
                                              "torch.float64"):
             torch.ops.nvfp4.act_quant_experts(x, offs, torch.empty(3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_a_masked_call_passes_masked_m_and_caps_its_quantizing_ctas(on_cuda, with_mask):
+    """Without masked_m: a null address and one quantizing CTA per 256 blocks (the one-pass
+    plan); with it: its address and at most MASKED_CTAS_PER_SM per SM (grid-stride), the
+    filling CTAs after them either way."""
+    gg, rec = _gg(quantizer("masked"))
+    experts, max_m, k = 4, 1024, 2048
+    x = torch.zeros(experts, max_m, k, dtype=torch.bfloat16)
+    mask = torch.tensor([3, 0, 1024, 70], dtype=torch.int32) if with_mask else None
+    _, sfa = rq.quantize_masked(gg, x, 1.0, mask)
+    ((layout, values, grid),) = rec.launches
+    blocks = experts * max_m * k // 16
+    quant = min(blocks // 256, 132 * rq.MASKED_CTAS_PER_SM) if with_mask else blocks // 256
+    assert with_mask is (quant < blocks // 256)  # this call is large enough to be capped
+    chunks = sfa.numel() // 16
+    assert values["masked_m"] == (mask.data_ptr() if with_mask else 0)
+    assert (values["blocks"], values["quant_ctas"], values["sfa_chunks"]) == (
+        blocks, quant, chunks)
+    assert grid == quant + math.ceil(chunks / (256 * rq.FILL_CHUNKS_PER_THREAD))
+    assert set(values) == {role(p) for p in quantizer("masked").params}
+
+
+def test_masked_m_with_a_masked_kernel_built_before_takes_the_torch_path(on_cuda):
+    """A kernel built before masked_m would quantize (and write scales for) every row."""
+    gg, rec = _gg(quantizer("masked", mask=False))
+    x = (torch.randn(3, 20, 64) * 3).bfloat16()
+    scales = torch.tensor([0.1, 0.2, 0.3])
+    mask = torch.tensor([20, 4, 0], dtype=torch.int32)
+    for got, want in zip(rq.quantize_masked(gg, x, scales, mask),
+                         activations.quantize_masked(x, scales, mask)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert rec.launches == []
+    rq.quantize_masked(gg, x, scales)  # without masked_m it serves the call
+    assert len(rec.launches) == 1 and "masked_m" not in rec.launches[0][1]
+
+
+def test_a_bad_masked_m_is_refused_before_any_launch(on_cuda):
+    gg, rec = _gg(quantizer("masked"))
+    with pytest.raises(InputError, match=r"^masked_m must have shape \(2,\) \(one row count "
+                                         r"per expert of x\), but got \(3,\)$"):
+        rq.quantize_masked(gg, torch.zeros(2, 4, 64).bfloat16(), 1.0,
+                           torch.zeros(3, dtype=torch.int32))
+    assert rec.launches == []

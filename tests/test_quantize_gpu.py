@@ -128,6 +128,49 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     _same(got, activations.quantize_masked(x, scales), f"E {experts} max_m {max_m} K {k}")
 
 
+def _same_masked(got: tuple, want: tuple, mask: torch.Tensor, what: str) -> None:
+    """sfa whole; a on the valid rows only (the kernel leaves the others unwritten)."""
+    _same(got[1:], want[1:], what)
+    for e, m in enumerate(mask.clamp(0, got[0].shape[1]).tolist()):
+        bad = int((got[0][e, :m] != want[0][e, :m]).sum())
+        assert bad == 0, f"{what}: expert {e}: {bad} code bytes differ"
+
+
+@pytest.mark.parametrize("experts,max_m,k", [(8, 48, 2048), (32, 1024, 7168), (256, 16, 768)])
+def test_masked_m_skips_the_masked_rows_with_the_torch_bits(gg, experts, max_m,  # noqa: F811
+                                                            k) -> None:
+    """With masked_m (DeepEP low-latency's (32, 1024, 7168) among the cases): the valid rows'
+    codes and every scale byte as the torch path (masked rows' scales 0), no sync, and one
+    captured graph replayed with new masked_m (the grid-stride plan is fixed at capture)."""
+    _require(gg, "masked")
+    gen = torch.Generator().manual_seed(experts + max_m)
+    scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
+    x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16).cuda()
+    masks = [torch.randint(0, 40, (experts,), generator=gen, dtype=torch.int32),
+             torch.randint(-5, max_m + 5, (experts,), generator=gen, dtype=torch.int32),
+             torch.zeros(experts, dtype=torch.int32)]
+    masks[0][0] = max_m
+    mask = masks[0].cuda()
+    assert quantizer_for(gg, "masked", x, experts, masked=True) is not None
+    _dirty()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = gg.quantize_masked(x, scales, mask)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    _same_masked(got, activations.quantize_masked(x, scales, mask), mask, "eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = gg.quantize_masked(x, scales, mask)
+    for i, m in enumerate(masks):
+        mask.copy_(m)
+        _dirty()
+        graph.replay()
+        torch.cuda.synchronize()
+        _same_masked(got, activations.quantize_masked(x, scales, mask), mask, f"replay {i}")
+
+
 def test_a_first_call_inside_a_graph_capture_loads_the_kernel_and_replays_exact() -> None:
     """No eager warm-up: a fresh GroupedGemm's first quantize is captured, so the quantizer's
     library load happens under a global-mode capture (it must be allowed, as for the GEMMs);

@@ -23,7 +23,13 @@ from builder.selection import Selection, spec_fingerprint
 from builder.spec import parse_spec_text
 from builder.verify import verify_dir
 from runtime.errors import ManifestError
-from runtime.manifest import MANIFEST_NAME, QUANT_ROLES, load_manifest, parse_manifest
+from runtime.manifest import (
+    MANIFEST_NAME,
+    QUANT_OPTIONAL_ROLES,
+    QUANT_ROLES,
+    load_manifest,
+    parse_manifest,
+)
 
 SPEC = """\
 schema_version: 1
@@ -62,8 +68,9 @@ def test_quantizers_are_built_recorded_and_verified(fake: Fake, tmp_path: Path) 
     for q in m.quantizers:
         assert q.name == f"act_quant_{q.layout}.sm_90a.{q.key[:12]}"
         assert q.cubin == f"cubins/{q.name}.cubin" and (out / q.cubin).is_file()
-        assert {p.operand or p.value for p in q.params} == QUANT_ROLES[q.layout] | {"sfa_chunks"}
-        assert q.fills_sfa
+        assert {p.operand or p.value for p in q.params} == QUANT_ROLES[q.layout] | (
+            QUANT_OPTIONAL_ROLES[q.layout])
+        assert q.fills_sfa and q.takes_mask is (q.layout == "masked")
     assert verify_dir(out) == []
     # The manifest round-trips through the runtime's parser unchanged.
     text = (out / MANIFEST_NAME).read_text()
@@ -255,7 +262,7 @@ def test_quantizer_parameters_take_their_own_names_only(manifest_obj: dict) -> N
     q = manifest_obj["quantizers"][1]
     q["params"][0]["operand"] = "offs_table"
     assert ("m.quantizers[1].params[0].operand must be one of ['x', 'offs', 'scales', 'a', "
-            "'sfa'], but got 'offs_table'") in _refused(manifest_obj)
+            "'sfa', 'masked_m'], but got 'offs_table'") in _refused(manifest_obj)
     q["params"][0].update(operand=None, kind="table", table="pointers")
     assert ("m.quantizers[1].params[0].kind must be one of ['operand', 'scalar'], but got "
             "'table'") in _refused(manifest_obj)
@@ -278,13 +285,35 @@ def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj:
             "layout's launch values), but take " + took) in _refused(manifest_obj)
 
 
+@pytest.mark.parametrize("drop,took", [
+    ("masked_m", "['x', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks', 'sfa_chunks', "
+                 "'quant_ctas']"),
+    ("quant_ctas", "['x', 'scales', 'masked_m', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks', "
+                   "'sfa_chunks']"),
+])
+def test_a_masked_quantizer_takes_masked_m_and_quant_ctas_together(manifest_obj: dict, drop,
+                                                                  took) -> None:
+    """One without the other would launch the grid-stride kernel with a wrong stride, or take
+    masked_m's place with another value."""
+    q = manifest_obj["quantizers"][1]
+    q["params"] = [p for p in q["params"] if drop not in (p.get("operand"), p.get("value"))]
+    assert ("m.quantizers[1].params must take each of ['a', 'blocks', 'experts', 'k', 'max_m', "
+            "'scales', 'sfa', 'x'] once, and may take ['masked_m', 'quant_ctas', 'sfa_chunks'] "
+            "once, ['masked_m', 'quant_ctas'] all or none (the masked layout's launch values), "
+            "but take " + took) in _refused(manifest_obj)
+
+
 def test_a_quantizer_built_before_the_padding_fill_still_loads(manifest_obj: dict) -> None:
-    """A record without sfa_chunks (built before 2026-12-07) parses: the runtime zeroes sfa
-    for it (Quantizer.fills_sfa) instead of refusing the artifacts."""
+    """Records without sfa_chunks (built before 2026-12-07), and a masked one without masked_m
+    and quant_ctas, parse: the runtime zeroes sfa for them (Quantizer.fills_sfa) and sends a
+    call with masked_m to the torch path (Quantizer.takes_mask) instead of refusing the
+    artifacts."""
+    optional = {"sfa_chunks", "masked_m", "quant_ctas"}
     for q in manifest_obj["quantizers"]:
-        assert q["params"][-1]["value"] == "sfa_chunks"
-        q["params"].pop()
-    assert [q.fills_sfa for q in parse_manifest(manifest_obj, "m").quantizers] == [False, False]
+        q["params"] = [p for p in q["params"] if p.get("operand") not in optional
+                       and p.get("value") not in optional]
+    got = [(q.fills_sfa, q.takes_mask) for q in parse_manifest(manifest_obj, "m").quantizers]
+    assert got == [(False, False), (False, False)]
 
 
 def test_two_quantizers_for_one_layout_and_arch_are_refused(manifest_obj: dict) -> None:

@@ -443,39 +443,71 @@ class ActQuantExperts(_Quantizer):
 
 
 class ActQuantMasked(_Quantizer):
-    """quantize_masked: x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4))."""
+    """quantize_masked: x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4)).
+    With masked_m (a nonzero address: (E,) int32, each clamped to [0, max_m] as the masked
+    GEMM does), expert e's rows from masked_m[e] on are neither read nor written, and their
+    scales in sfa are zeros (written by the filling CTAs); with a null masked_m every row is
+    valid. The first `quant_ctas` CTAs quantize, grid-stride over x's 16-element blocks: a
+    thread that reaches an expert's masked rows jumps to the next expert on its stride, so
+    rows past masked_m cost no loads, and the runtime caps quant_ctas for a masked call
+    (DeepEP low-latency's max_m is the worst case, most rows masked)."""
 
     SMEM_BYTES = 0
 
     @cute.jit
-    def __call__(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer,
-                 sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
-                 blocks: Int32, sfa_chunks: Int32) -> None:
-        args = self._record((("x", x), ("scales", scales), ("a", a), ("sfa", sfa)),
+    def __call__(self, x: cute.Pointer, scales: cute.Pointer, masked_m: cute.Pointer,
+                 a: cute.Pointer, sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
+                 blocks: Int32, sfa_chunks: Int32, quant_ctas: Int32) -> None:
+        args = self._record((("x", x), ("scales", scales), ("masked_m", masked_m), ("a", a),
+                             ("sfa", sfa)),
                             (("max_m", max_m), ("k", k), ("experts", experts),
-                             ("blocks", blocks), ("sfa_chunks", sfa_chunks)))
-        self.kernel(*args).launch(grid=[(blocks + THREADS - 1) // THREADS, 1, 1],
-                                  block=[THREADS, 1, 1])
+                             ("blocks", blocks), ("sfa_chunks", sfa_chunks),
+                             ("quant_ctas", quant_ctas)))
+        self.kernel(*args).launch(grid=[quant_ctas + 1, 1, 1], block=[THREADS, 1, 1])
+
+    @cute.jit
+    def _valid_rows(self, masked_m, max_m, e) -> Int32:
+        """Expert e's valid rows: masked_m[e] clamped to [0, max_m], max_m without masked_m."""
+        m = max_m
+        if masked_m.toint() != Int64(0):
+            m = cutlass.min(cutlass.max(
+                Int32(ld_global_nc_b32(masked_m.toint() + Int64(e) * 4)), Int32(0)), max_m)
+        return m
 
     @cute.kernel
-    def kernel(self, x: cute.Pointer, scales: cute.Pointer, a: cute.Pointer, sfa: cute.Pointer,
-               max_m: Int32, k: Int32, experts: Int32, blocks: Int32,
-               sfa_chunks: Int32) -> None:
+    def kernel(self, x: cute.Pointer, scales: cute.Pointer, masked_m: cute.Pointer,
+               a: cute.Pointer, sfa: cute.Pointer, max_m: Int32, k: Int32, experts: Int32,
+               blocks: Int32, sfa_chunks: Int32, quant_ctas: Int32) -> None:
+        tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        kb = k // 16
         expert_rows = (max_m + 127) // 128 * 128
         expert_bytes = expert_rows * ((k // 16 + 3) // 4) * 4
-        qctas = (blocks + THREADS - 1) // THREADS
-        if bidx >= qctas:
+        if bidx >= quant_ctas:
             # Each expert's scale rows are a whole number of atoms, so sfa's blocked rows run
             # on across experts: the owner of blocked row row0 is row0 // expert_rows.
-            self._fill_chunks(sfa, k, qctas, sfa_chunks,
-                              lambda row0: (row0 % expert_rows, max_m))
-        idx, r, j, x_addr, a_addr = self._position(x, a, k)
-        if idx < blocks:
-            e = r // max_m
-            self._block(x_addr, ld_global_nc_f32(scales.toint() + Int64(e) * 4), a_addr,
-                        sfa.toint() + Int64(e) * Int64(expert_bytes)
-                        + Int64(_blocked_offset(r - e * max_m, j, k)))
+            self._fill_chunks(sfa, k, quant_ctas, sfa_chunks,
+                              lambda row0: (row0 % expert_rows,
+                                            self._valid_rows(masked_m, max_m,
+                                                             row0 // expert_rows)))
+        else:
+            stride = quant_ctas * THREADS
+            expert_blocks = max_m * kb
+            idx = bidx * THREADS + tidx
+            while idx < blocks:
+                r = idx // kb
+                j = idx - r * kb
+                e = r // max_m
+                row = r - e * max_m
+                if row < self._valid_rows(masked_m, max_m, e):
+                    self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
+                                ld_global_nc_f32(scales.toint() + Int64(e) * 4),
+                                a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8),
+                                sfa.toint() + Int64(e) * Int64(expert_bytes)
+                                + Int64(_blocked_offset(row, j, k)))
+                    idx += stride
+                else:  # the first block of expert e + 1 on this thread's stride
+                    idx += ((e + 1) * expert_blocks - idx + stride - 1) // stride * stride
 
 
 LAYOUTS = {"experts": ActQuantExperts, "masked": ActQuantMasked}
@@ -498,7 +530,8 @@ def compile_quantizer(layout: str, *, arch: str) -> dict[str, Any]:
                                       ("f32", Float32, 4), ("u8", cutlass.Uint8, 8))}
     one = (Int32(1), Int32(16), Int32(1), Int32(1), Int32(32))
     call = ((ptr["x"], ptr["i32"], ptr["f32"], ptr["u8"], ptr["u8"], *one)
-            if layout == "experts" else (ptr["x"], ptr["f32"], ptr["u8"], ptr["u8"], *one))
+            if layout == "experts"
+            else (ptr["x"], ptr["f32"], ptr["i32"], ptr["u8"], ptr["u8"], *one, Int32(1)))
     quantizer = LAYOUTS[layout]()
     with tempfile.TemporaryDirectory(prefix="act_quant_") as dump:
         compiled = cute.compile(quantizer, *call, options=(
