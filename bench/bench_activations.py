@@ -119,10 +119,13 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
 
 
 def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int, reps: int,
-                 copy_gbs: float) -> dict:
+                 copy_gbs: float, caps: list[int]) -> dict:
     """gg.quantize_masked without and with masked_m (random counts of the given mean), each
     captured per input set and timed interleaved, the masked one's bytes checked against the
-    torch path; its floor: read the valid rows, write their codes and all of sfa."""
+    torch path; its floor: read the valid rows, write their codes and all of sfa. `caps`:
+    runtime.quantize.MASKED_CTAS_PER_SM values to time the masked call at (the launch plan
+    is fixed at capture), the runtime's own first."""
+    import runtime.quantize as rq
     from runtime.activations import quantize_masked
 
     gen = torch.Generator(device="cuda").manual_seed(max_m)
@@ -134,28 +137,40 @@ def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int
                              dtype=torch.int32)
         sets.append((x, mask))
     x0, m0 = sets[0]
-    got, want = gg.quantize_masked(x0, scales, m0), quantize_masked(x0, scales, m0)
-    if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) or any(
-            not torch.equal(got[0][e, :m], want[0][e, :m])
-            for e, m in enumerate(m0.clamp(max=max_m).tolist())):
-        raise SystemExit(f"{name} max_m {max_m}: the masked quantizer's bytes differ")
-    full = [capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]
-    masked = [capture(lambda x=x, m=m: gg.quantize_masked(x, scales, m)) for x, m in sets]
-    full_us, masked_us = time_interleaved([full, masked], reps)
+    want = quantize_masked(x0, scales, m0)
+    keep = rq.MASKED_CTAS_PER_SM
+    variants = [[capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]]
+    try:
+        for cap in [keep] + [c for c in caps if c != keep]:
+            rq.MASKED_CTAS_PER_SM = cap
+            got = gg.quantize_masked(x0, scales, m0)
+            if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) or any(
+                    not torch.equal(got[0][e, :m], want[0][e, :m])
+                    for e, m in enumerate(m0.clamp(max=max_m).tolist())):
+                raise SystemExit(f"{name} max_m {max_m} cap {cap}: the masked quantizer's "
+                                 f"bytes differ")
+            variants.append([capture(lambda x=x, m=m: gg.quantize_masked(x, scales, m))
+                             for x, m in sets])
+    finally:
+        rq.MASKED_CTAS_PER_SM = keep
+    full_us, masked_us, *other = time_interleaved(variants, reps)
     valid = sum(int(m.clamp(max=max_m).sum()) for _, m in sets) / SETS
     moved = valid * (k * 2 + k // 2) + experts * ((max_m + 127) // 128 * 128) * (-(-k // 64) * 4)
     floor_us = moved / copy_gbs / 1e3
     return {"layer": name, "experts": experts, "max_m": max_m, "k": k, "mean_rows": mean,
             "full_us": round(full_us, 1), "masked_us": round(masked_us, 1),
+            "caps": {str(c): round(us, 1) for c, us in zip(
+                [c for c in caps if c != keep], other)},
             "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / masked_us, 1)}
 
 
 def masked_table(rows: list[dict]) -> str:
     lines = ["| input of | E | max_m | K | mean masked_m | all rows us | masked_m us | "
-             "floor us | % floor |", "|---|---|---|---|---|---|---|---|---|"]
+             "other caps us | floor us | % floor |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['layer']} | {r['experts']} | {r['max_m']} | {r['k']} | {r['mean_rows']} | "
-              f"{r['full_us']} | {r['masked_us']} | {r['floor_us']} | {r['floor_pct']} |"
-              for r in rows]
+              f"{r['full_us']} | {r['masked_us']} | "
+              f"{' '.join(f'{c}: {us}' for c, us in r['caps'].items()) or '-'} | "
+              f"{r['floor_us']} | {r['floor_pct']} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -210,6 +225,9 @@ def main() -> int:
     ap.add_argument("--masked", action="store_true",
                     help="with --artifacts: also time gg.quantize_masked with and without "
                          "masked_m on DeepEP low-latency shapes (MASKED_CASES)")
+    ap.add_argument("--masked-caps", type=int, nargs="*", default=[], metavar="N",
+                    help="with --masked: also time the masked_m call with these quantizing "
+                         "CTAs per SM (runtime.quantize.MASKED_CTAS_PER_SM), interleaved")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.compare and not args.artifacts:
@@ -233,7 +251,8 @@ def main() -> int:
     rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before,
                        args.compare_fill)
             for name, e, k, topk in LAYERS for tok in args.tokens]
-    masked = [bench_masked(gg, *case, args.reps, copy_gbs) for case in MASKED_CASES
+    masked = [bench_masked(gg, *case, args.reps, copy_gbs, args.masked_caps)
+              for case in MASKED_CASES
               ] if args.masked else []
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
     print(table(rows))

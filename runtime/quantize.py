@@ -86,7 +86,7 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
 # 16-byte chunks of sfa each filling thread writes (each filling CTA takes an equal run of
 # chunks: any count of CTAs is correct). 4 (910 CTAs for DeepSeek-V3 gate-up's 14.9 MB) made
 # that call 2 us slower than a memset (H100, 2026-12-07); 16 puts 256 bytes on a thread.
-FILL_CHUNKS_PER_THREAD = 16
+FILL_CHUNKS_PER_THREAD = 4
 # A masked call's quantizing CTAs per SM at most (the kernel is grid-stride, so any count is
 # correct): under DeepEP low-latency most of x's rows are masked, and one CTA per 256 blocks
 # would launch tens of thousands of CTAs that only find their rows masked.
