@@ -83,10 +83,13 @@ def _kernel_input(x: torch.Tensor) -> torch.Tensor:
     return x if x.data_ptr() % 16 == 0 else x.clone()
 
 
-# 16-byte chunks of sfa each filling thread writes (each filling CTA takes an equal run of
-# chunks: any count of CTAs is correct). 4 (910 CTAs for DeepSeek-V3 gate-up's 14.9 MB) made
-# that call 2 us slower than a memset (H100, 2026-12-07); 16 puts 256 bytes on a thread.
+# The filling CTAs (each takes an equal run of sfa's 16-byte chunks: any count is correct):
+# FILL_CHUNKS_PER_THREAD chunks a thread, at most FILL_CTAS_PER_SM CTAs per SM. Every CTA
+# derives the expert tables first, so DeepSeek-V3 gate-up's 14.9 MB sfa at 4 chunks a thread
+# (910 CTAs) took 13.2 us where 16 (228 CTAs) took 11.4, while the small sfas of decode calls
+# were 1-5 us slower at 16 than at 4 (H100, 2026-12-07, docs/lab_notebook.md).
 FILL_CHUNKS_PER_THREAD = 4
+FILL_CTAS_PER_SM = 2
 # A masked call's quantizing CTAs per SM at most (the kernel is grid-stride, so any count is
 # correct): under DeepEP low-latency most of x's rows are masked, and one CTA per 256 blocks
 # would launch tens of thousands of CTAs that only find their rows masked.
@@ -138,11 +141,18 @@ def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any],
         grid = min(grid, quant_ctas)
     if takes_mask:
         args["quant_ctas"] = grid
+    # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
+    rt = gg._runtime(x.device.index)
     if fills:
         args["sfa_chunks"] = chunks
-        grid += max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
-    # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
-    gg._runtime(x.device.index).launch_quantizer(q, args, grid)
+        grid += fill_ctas(chunks, threads, rt.device.sm_count)
+    rt.launch_quantizer(q, args, grid)
+
+
+def fill_ctas(chunks: int, threads: int, sms: int) -> int:
+    """The filling CTAs for sfa's `chunks` 16-byte chunks: at least one (it also writes the
+    padding of a call with no rows)."""
+    return max(1, min(-(-chunks // (threads * FILL_CHUNKS_PER_THREAD)), sms * FILL_CTAS_PER_SM))
 
 
 @torch.no_grad()

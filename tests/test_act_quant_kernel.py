@@ -198,14 +198,14 @@ def test_the_kernels_expert_tables_are_runtime_activations(experts) -> None:
         assert pstart == _expert_starts(want_ends)[1].tolist()
 
 
-def fill_writes(chunks: int, k: int, owner_rows) -> list[tuple[int, int]]:
-    """_fill_chunks, step for step, over the filling CTAs runtime.quantize launches: the
-    (offset, width) of each zero store; owner_rows(row0) -> (row0 relative to its owner, the
-    owner's real rows)."""
-    from runtime.quantize import FILL_CHUNKS_PER_THREAD
+def fill_writes(chunks: int, k: int, owner_rows, sms: int = 132) -> list[tuple[int, int]]:
+    """_fill_chunks, step for step, over the filling CTAs runtime.quantize launches on `sms`
+    SMs: the (offset, width) of each zero store; owner_rows(row0) -> (row0 relative to its
+    owner, the owner's real rows)."""
+    from runtime.quantize import fill_ctas
 
     threads = 256
-    ctas = max(1, -(-chunks // (threads * FILL_CHUNKS_PER_THREAD)))
+    ctas = fill_ctas(chunks, threads, sms)
     per_cta = -(-chunks // (ctas * threads)) * threads
     order = [c for f in range(ctas) for tid in range(threads)
              for c in range(f * per_cta + tid, min(f * per_cta + per_cta, chunks), threads)]
@@ -293,9 +293,10 @@ def masked_walk(experts: int, max_m: int, k: int, valid: list[int],
 
 @pytest.mark.parametrize("max_m", [1, 31, 128, 130])
 @pytest.mark.parametrize("k", [16, 80, 256])
-@pytest.mark.parametrize("masked", [None, (0, 1, 10**6), (-3, 129, 30)])
-def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m, k,
-                                                                          masked) -> None:
+@pytest.mark.parametrize("masked,sms", [(None, 132), ((0, 1, 10**6), 132), ((-3, 129, 30), 132),
+                                        ((-3, 129, 30), 1)])  # 1 SM: capped, long runs
+def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m, k, masked,
+                                                                          sms) -> None:
     """ActQuantMasked with no memset: the valid rows' scale bytes (every row without masked_m;
     those below masked_m[e], clamped to [0, max_m], with it) and the fill's zeros cover sfa
     (E, round_up(max_m, 128) * scale_cols(k)) once."""
@@ -308,7 +309,7 @@ def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m
     quantized = [e * per_expert + blocked_scale_offset(r, j, k)
                  for e in range(experts) for r in range(valid[e]) for j in range(kb)]
     zeros = fill_writes(experts * per_expert // 16, k,
-                        lambda row0: (row0 % expert_rows, valid[row0 // expert_rows]))
+                        lambda row0: (row0 % expert_rows, valid[row0 // expert_rows]), sms)
     assert covered_once(experts * per_expert, quantized, zeros)
 
 

@@ -133,8 +133,8 @@ def test_an_experts_call_launches_one_kernel_over_every_block(on_cuda, monkeypat
     ((layout, values, grid),) = rec.launches
     blocks = 300 * 96 // 16
     chunks = sfa.numel() // 16
-    fill_ctas = math.ceil(chunks / (256 * rq.FILL_CHUNKS_PER_THREAD)) if fills else 0
-    assert (layout, grid) == ("experts", math.ceil(blocks / 256) + fill_ctas)
+    fills_ctas = rq.fill_ctas(chunks, 256, 132) if fills else 0
+    assert (layout, grid) == ("experts", math.ceil(blocks / 256) + fills_ctas)
     assert {k: values[k] for k in ("rows", "k", "experts", "blocks")} == {
         "rows": 300, "k": 96, "experts": 3, "blocks": blocks}
     assert values.get("sfa_chunks") == (chunks if fills else None)
@@ -259,7 +259,7 @@ def test_a_masked_call_passes_masked_m_and_caps_its_quantizing_ctas(on_cuda, wit
     assert values["masked_m"] == (mask.data_ptr() if with_mask else 0)
     assert (values["blocks"], values["quant_ctas"], values["sfa_chunks"]) == (
         blocks, quant, chunks)
-    assert grid == quant + math.ceil(chunks / (256 * rq.FILL_CHUNKS_PER_THREAD))
+    assert grid == quant + rq.fill_ctas(chunks, 256, 132)
     assert set(values) == {role(p) for p in quantizer("masked").params}
 
 
@@ -284,3 +284,13 @@ def test_a_bad_masked_m_is_refused_before_any_launch(on_cuda):
         rq.quantize_masked(gg, torch.zeros(2, 4, 64).bfloat16(), 1.0,
                            torch.zeros(3, dtype=torch.int32))
     assert rec.launches == []
+
+
+def test_the_filling_ctas_are_capped_per_sm():
+    """One at least (a call with no rows still has padding), one per 256 x
+    FILL_CHUNKS_PER_THREAD chunks, at most FILL_CTAS_PER_SM per SM (each derives the tables)."""
+    per_cta = 256 * rq.FILL_CHUNKS_PER_THREAD
+    assert rq.fill_ctas(0, 256, 132) == 1
+    assert rq.fill_ctas(per_cta + 1, 256, 132) == 2
+    assert rq.fill_ctas(10 ** 6, 256, 132) == 132 * rq.FILL_CTAS_PER_SM
+    assert rq.fill_ctas(10 ** 6, 256, 1) == rq.FILL_CTAS_PER_SM

@@ -39,6 +39,17 @@ def _dirty() -> None:
         del junk
 
 
+def _dirty_no_sync(call) -> tuple:
+    """call() on a dirtied allocator (_dirty) with any device sync an error."""
+    _dirty()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return call()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 def _same(got: tuple, want: tuple, what: str) -> None:
     for name, g, w in zip(("codes", "scales"), got, want):
         bad = int((g.view(torch.uint8) != w.view(torch.uint8)).sum())
@@ -70,13 +81,7 @@ def test_the_experts_kernel_gives_the_torch_bits_and_never_syncs(gg, experts, k,
     for mag in (1e-3, 1.0, 1e3):
         x = (torch.randn(t, k, generator=gen) * mag).to(torch.bfloat16).cuda()
         assert quantizer_for(gg, "experts", x, experts) is not None
-        _dirty()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            got = gg.quantize_experts(x, offs, scales)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+        got = _dirty_no_sync(lambda: gg.quantize_experts(x, offs, scales))
         _same(got, activations.quantize_experts(x, offs, scales), f"x ~ {mag:g}")
 
 
@@ -118,13 +123,7 @@ def test_the_masked_kernel_gives_the_torch_bits(gg, experts, max_m, k) -> None: 
     scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()
     x = (torch.randn(experts, max_m, k, generator=gen) * 3).to(torch.bfloat16).cuda()
     assert quantizer_for(gg, "masked", x, experts) is not None
-    _dirty()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = gg.quantize_masked(x, scales)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    got = _dirty_no_sync(lambda: gg.quantize_masked(x, scales))
     _same(got, activations.quantize_masked(x, scales), f"E {experts} max_m {max_m} K {k}")
 
 
@@ -152,13 +151,7 @@ def test_masked_m_skips_the_masked_rows_with_the_torch_bits(gg, experts, max_m, 
     masks[0][0] = max_m
     mask = masks[0].cuda()
     assert quantizer_for(gg, "masked", x, experts, masked=True) is not None
-    _dirty()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = gg.quantize_masked(x, scales, mask)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    got = _dirty_no_sync(lambda: gg.quantize_masked(x, scales, mask))
     _same_masked(got, activations.quantize_masked(x, scales, mask), mask, "eager")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

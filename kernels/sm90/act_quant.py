@@ -6,7 +6,8 @@ tokens -> NVFP4 codes and blocked e4m3 scales for the two serving layouts, one t
   (E,) int32 as scaled_grouped_mm takes them, sfa in its layout. Every CTA derives ends =
   cummax(clamp(offs, 0, T)) and each expert's first blocked scale row in shared memory, for
   up to MAX_EXPERTS experts.
-- `masked` (quantize_masked): x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4)).
+- `masked` (quantize_masked): x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4)),
+  optionally masked_m (E,) int32: the rows past it are neither read nor written.
 
 Same bits as runtime.activations, by the same IEEE operations where the reference uses float64
 (the block scale: amax / 6 / gs in f64, to f32, to e4m3, both round to nearest even), and by an
@@ -19,8 +20,9 @@ tests/test_act_quant_kernel.py runs the algorithm in torch against quantize_nvfp
 near-ties, saturation, subnormals, NaN / inf and bad scales; experiments/act_quant_check.py
 compares the shipped kernels with runtime.activations bit for bit on the H200.
 
-The caller (runtime/quantize.py) launches ceil(blocks / THREADS) quantizing CTAs and after them
-at least one filling CTA (grid-stride over sfa_chunks, sfa's 16-byte chunks), passes x
+The caller (runtime/quantize.py) launches the quantizing CTAs (experts: ceil(blocks /
+THREADS); masked: `quant_ctas`, at most that, grid-stride) and after them at least one filling
+CTA (each an equal run of sfa_chunks, sfa's 16-byte chunks), passes x
 contiguous and 16-byte aligned, a 8-byte aligned, sfa 16-byte aligned, and keeps the block count
 and sfa's bytes in Int32. Parameters, in launch order, are recorded with kernels.abi under the
 manifest's quantizer vocabulary (QUANT_OPERANDS, QUANT_SCALARS).
