@@ -119,12 +119,13 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
 
 
 def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int, reps: int,
-                 copy_gbs: float, caps: list[int]) -> dict:
+                 copy_gbs: float, caps: list[int], before: Any = None) -> dict:
     """gg.quantize_masked without and with masked_m (random counts of the given mean), each
     captured per input set and timed interleaved, the masked one's bytes checked against the
     torch path; its floor: read the valid rows, write their codes and all of sfa. `caps`:
     runtime.quantize.MASKED_CTAS_PER_SM values to time the masked call at (the launch plan
-    is fixed at capture), the runtime's own first."""
+    is fixed at capture), the runtime's own first. `before` (--compare): its masked_m call
+    too, when its quantizer takes masked_m."""
     import runtime.quantize as rq
     from runtime.activations import quantize_masked
 
@@ -153,22 +154,33 @@ def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int
                              for x, m in sets])
     finally:
         rq.MASKED_CTAS_PER_SM = keep
-    full_us, masked_us, *other = time_interleaved(variants, reps)
+    old = before is not None and rq.quantizer_for(before, "masked", x0, experts, True)
+    if old:
+        got = before.quantize_masked(x0, scales, m0)
+        if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)):
+            raise SystemExit(f"{name} max_m {max_m} --compare: the masked scales differ")
+        variants.append([capture(lambda x=x, m=m: before.quantize_masked(x, scales, m))
+                         for x, m in sets])
+    times = time_interleaved(variants, reps)
+    before_us = times.pop() if old else None
+    full_us, masked_us, *other = times
     valid = sum(int(m.clamp(max=max_m).sum()) for _, m in sets) / SETS
     moved = valid * (k * 2 + k // 2) + experts * ((max_m + 127) // 128 * 128) * (-(-k // 64) * 4)
     floor_us = moved / copy_gbs / 1e3
     return {"layer": name, "experts": experts, "max_m": max_m, "k": k, "mean_rows": mean,
             "full_us": round(full_us, 1), "masked_us": round(masked_us, 1),
+            "before_masked_us": None if before_us is None else round(before_us, 1),
             "caps": {str(c): round(us, 1) for c, us in zip(
                 [c for c in caps if c != keep], other)},
             "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / masked_us, 1)}
 
 
 def masked_table(rows: list[dict]) -> str:
-    lines = ["| input of | E | max_m | K | mean masked_m | all rows us | masked_m us | "
-             "other caps us | floor us | % floor |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| input of | E | max_m | K | mean masked_m | all rows us | masked_m before us | "
+             "masked_m us | other caps us | floor us | % floor |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['layer']} | {r['experts']} | {r['max_m']} | {r['k']} | {r['mean_rows']} | "
-              f"{r['full_us']} | {r['masked_us']} | "
+              f"{r['full_us']} | {r['before_masked_us'] or '-'} | {r['masked_us']} | "
               f"{' '.join(f'{c}: {us}' for c, us in r['caps'].items()) or '-'} | "
               f"{r['floor_us']} | {r['floor_pct']} |" for r in rows]
     return "\n".join(lines)
@@ -251,7 +263,7 @@ def main() -> int:
     rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before,
                        args.compare_fill)
             for name, e, k, topk in LAYERS for tok in args.tokens]
-    masked = [bench_masked(gg, *case, args.reps, copy_gbs, args.masked_caps)
+    masked = [bench_masked(gg, *case, args.reps, copy_gbs, args.masked_caps, before)
               for case in MASKED_CASES
               ] if args.masked else []
     print(f"copy rate {copy_gbs:.0f} GB/s (read + write)")
