@@ -129,7 +129,8 @@ def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
     scalars = [("scalar", "k"), ("scalar", "experts"), ("scalar", "blocks"),
                ("scalar", "sfa_chunks")]
     assert roles["experts"] == ops + [("scalar", "rows")] + scalars
-    assert roles["masked"] == [ops[0], *ops[2:], ("scalar", "max_m")] + scalars
+    assert roles["masked"] == [ops[0], ops[2], ("operand", "masked_m"), *ops[3:],
+                               ("scalar", "max_m")] + scalars + [("scalar", "quant_ctas")]
     for q in m.quantizers:
         cubin = (shipped / q.cubin).read_bytes()
         assert cubin_arch(cubin, q.cubin) == "sm_90a" and q.symbol.encode() in cubin
