@@ -166,21 +166,25 @@ MAX_DEPTH = 64
 def _check_depth(text: str, source: str) -> None:
     """SpecError for collections nested deeper than MAX_DEPTH, found from the parser's event
     stream (iterative) before anything composes the document. Malformed YAML is left to the
-    loader, whose messages say more."""
-    depth = 0
-    try:
-        for event in yaml.parse(text, Loader=_Loader):
-            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-                depth += 1
-                if depth > MAX_DEPTH:
-                    mark = event.start_mark
-                    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-                    raise SpecError(f"{source}: {where}collections nest deeper than {MAX_DEPTH} "
-                                    f"levels (a shapes.yaml needs about 5)")
-            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-                depth -= 1
-    except yaml.YAMLError:
-        return
+    loader, whose messages say more. libyaml 0.2.6 (in PyYAML 6.0.4's wheels) stops scanning
+    at 1000 levels of flow nesting, before it has given the parser the events past level 64:
+    on any error of the C parser the pure-Python one (no such limit) scans again."""
+    for loader in dict.fromkeys((_Loader, _PyLoader)):
+        depth = 0
+        try:
+            for event in yaml.parse(text, Loader=loader):
+                if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                    depth += 1
+                    if depth > MAX_DEPTH:
+                        mark = event.start_mark
+                        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+                        raise SpecError(f"{source}: {where}collections nest deeper than "
+                                        f"{MAX_DEPTH} levels (a shapes.yaml needs about 5)")
+                elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                    depth -= 1
+            return
+        except yaml.YAMLError:
+            continue
 
 
 def read_yaml(text: str, source: str) -> Any:
