@@ -49,11 +49,11 @@ class ActQuantKernels:
 
     def launch_experts(self, x: torch.Tensor, offs: torch.Tensor, scales: torch.Tensor,
                        a: torch.Tensor, sfa: torch.Tensor) -> None:
-        """The experts kernel alone, into a and sfa (no allocation, no memset)."""
+        """The experts kernel alone, into a and sfa (no allocation)."""
         t, k = x.shape
         q = self._require("experts", x, offs.numel())
         _launch(self.gg, q, x, {"x": x, "offs": offs, "scales": scales, "a": a, "sfa": sfa,
-                                "rows": t, "k": k, "experts": offs.numel()}, q.fills_sfa)
+                                "rows": t, "k": k, "experts": offs.numel()})
 
     def masked(self, x: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self._require("masked", x, x.shape[0])
@@ -143,7 +143,7 @@ def main() -> int:
         scales = torch.full((experts,), 0.01, device="cuda")
         ours = time_graphs([capture(lambda: kernels.experts(x, offs, scales))], args.reps)
         torch_path = time_graphs([capture(lambda: quantize_experts(x, offs, scales))], args.reps)
-        # The kernel alone, its outputs made beforehand: the path is it and sfa's memset.
+        # The kernel alone, its outputs made beforehand: the path adds their allocation.
         a, sfa = kernels.experts(x, offs, scales)
         alone = time_graphs([capture(lambda: kernels.launch_experts(x, offs, scales, a, sfa))],
                             args.reps)
