@@ -27,6 +27,8 @@ import argparse
 import json
 import random
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,23 +71,39 @@ def routed_offs(tokens: int, experts: int, topk: int, seed: int) -> torch.Tensor
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
 
 
-def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str,
-                fill: int | None = None) -> list:
-    """gg's AOT quantizer captured once per input set, its bytes checked on the first.
-    `fill`: runtime.quantize.FILL_CHUNKS_PER_THREAD while checking and capturing (the grid is
-    fixed at capture), so an A/B can give each side its own launch plan."""
+@contextmanager
+def _launch_plan(name: str, value: int | None) -> Iterator[None]:
+    """runtime.quantize's launch-plan constant `name` set to value (None: left as it is) while
+    checking and capturing: the grid is fixed at capture, so an A/B can give each variant its
+    own plan."""
     import runtime.quantize as rq
 
-    keep = rq.FILL_CHUNKS_PER_THREAD
-    rq.FILL_CHUNKS_PER_THREAD = keep if fill is None else fill
+    keep = getattr(rq, name)
+    setattr(rq, name, keep if value is None else value)
     try:
+        yield
+    finally:
+        setattr(rq, name, keep)
+
+
+def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str,
+                fill: int | None = None) -> list:
+    """gg's AOT quantizer captured once per input set, its bytes checked on the first, with
+    `fill` filling chunks a thread (_launch_plan)."""
+    with _launch_plan("FILL_CHUNKS_PER_THREAD", fill):
         got = gg.quantize_experts(*sets[0], scales)
         if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
                for g, w in zip(got, want)):
             raise SystemExit(f"{label}: the AOT quantizer's bytes differ")
         return [capture(lambda x=x, o=o: gg.quantize_experts(x, o, scales)) for x, o in sets]
-    finally:
-        rq.FILL_CHUNKS_PER_THREAD = keep
+
+
+def _masked_same(got: tuple, want: tuple, mask: torch.Tensor) -> bool:
+    """Every scale byte equal, and the codes of each expert's rows below masked_m (the others
+    are unspecified)."""
+    rows = mask.clamp(0, got[0].shape[1]).tolist()
+    return torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) and all(
+        torch.equal(got[0][e, :m], want[0][e, :m]) for e, m in enumerate(rows))
 
 
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
@@ -139,28 +157,17 @@ def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int
         sets.append((x, mask))
     x0, m0 = sets[0]
     want = quantize_masked(x0, scales, m0)
-    keep = rq.MASKED_CTAS_PER_SM
-    variants = [[capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]]
-    try:
-        for cap in [keep] + [c for c in caps if c != keep]:
-            rq.MASKED_CTAS_PER_SM = cap
-            got = gg.quantize_masked(x0, scales, m0)
-            if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)) or any(
-                    not torch.equal(got[0][e, :m], want[0][e, :m])
-                    for e, m in enumerate(m0.clamp(max=max_m).tolist())):
-                raise SystemExit(f"{name} max_m {max_m} cap {cap}: the masked quantizer's "
-                                 f"bytes differ")
-            variants.append([capture(lambda x=x, m=m: gg.quantize_masked(x, scales, m))
-                             for x, m in sets])
-    finally:
-        rq.MASKED_CTAS_PER_SM = keep
+    other_caps = [c for c in caps if c != rq.MASKED_CTAS_PER_SM]
     old = before is not None and rq.quantizer_for(before, "masked", x0, experts, True)
-    if old:
-        got = before.quantize_masked(x0, scales, m0)
-        if not torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8)):
-            raise SystemExit(f"{name} max_m {max_m} --compare: the masked scales differ")
-        variants.append([capture(lambda x=x, m=m: before.quantize_masked(x, scales, m))
-                         for x, m in sets])
+    variants = [[capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]]
+    for q, cap, label in ([(gg, None, "")] + [(gg, c, f" cap {c}") for c in other_caps]
+                          + [(before, None, " --compare")] * bool(old)):
+        with _launch_plan("MASKED_CTAS_PER_SM", cap):
+            if not _masked_same(q.quantize_masked(x0, scales, m0), want, m0):
+                raise SystemExit(f"{name} max_m {max_m}{label}: the masked quantizer's bytes "
+                                 f"differ")
+            variants.append([capture(lambda x=x, m=m, q=q: q.quantize_masked(x, scales, m))
+                             for x, m in sets])
     times = time_interleaved(variants, reps)
     before_us = times.pop() if old else None
     full_us, masked_us, *other = times
@@ -170,8 +177,7 @@ def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int
     return {"layer": name, "experts": experts, "max_m": max_m, "k": k, "mean_rows": mean,
             "full_us": round(full_us, 1), "masked_us": round(masked_us, 1),
             "before_masked_us": None if before_us is None else round(before_us, 1),
-            "caps": {str(c): round(us, 1) for c, us in zip(
-                [c for c in caps if c != keep], other)},
+            "caps": {str(c): round(us, 1) for c, us in zip(other_caps, other)},
             "floor_us": round(floor_us, 2), "floor_pct": round(100 * floor_us / masked_us, 1)}
 
 
