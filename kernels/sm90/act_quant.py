@@ -245,6 +245,20 @@ class _Quantizer:
                 a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8))
 
     @cute.jit
+    def _first_above(self, table, n, value) -> Int32:
+        """The first g < n with table[g] > value (n if none): a binary search of the
+        non-decreasing shared-memory table."""
+        lo = Int32(0)
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if table[mid] > value:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    @cute.jit
     def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
         """The CTAs past the quantizing ones: write zeros into every byte of sfa the
         quantizing threads do not, so the caller needs no memset (one graph node less). A
@@ -370,15 +384,7 @@ class ActQuantExperts(_Quantizer):
         block at blocked row row0: the owner is the last expert whose scale rows start at or
         before row0 (an empty expert starts where the next one does, so the last is the one
         with rows, or the last expert for the slack after every expert's rows)."""
-        lo = Int32(0)
-        hi = experts
-        while lo < hi:  # the first g with pstart[g] > row0; pstart[0] = 0 <= row0
-            mid = (lo + hi) // 2
-            if pstart[mid] > row0:
-                hi = mid
-            else:
-                lo = mid + 1
-        g = lo - 1
+        g = self._first_above(pstart, experts, row0) - 1  # pstart[0] = 0 <= row0
         start = Int32(0)
         if g > 0:
             start = ends[g - 1]
@@ -425,14 +431,7 @@ class ActQuantExperts(_Quantizer):
         idx, r, j, x_addr, a_addr = self._position(x, a, k)
         if idx < blocks:
             # The expert: the first g with ends[g] > r (E when r is past offs[-1]).
-            lo = Int32(0)
-            hi = experts
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if ends[mid] > r:
-                    hi = mid
-                else:
-                    lo = mid + 1
+            lo = self._first_above(ends, experts, r)
             if lo >= experts:
                 st_global_v2(a_addr, Uint32(0), Uint32(0))  # no expert's row: codes 0
             else:
