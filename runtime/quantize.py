@@ -39,12 +39,16 @@ from .manifest import Quantizer
 
 __all__ = ["quantize_experts", "quantize_masked", "quantizer_for"]
 
+# The device type the kernels run on (the CPU tests set "cpu" to plan launches without a GPU).
+_KERNEL_DEVICE_TYPE = "cuda"
+
+
 def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int,
                   masked: bool = False) -> Quantizer | None:
     """The quantizer that serves a call of `layout` on x (bf16, on a CUDA device) with
     `experts` experts (`masked`: and a masked_m), or None when the call takes the torch path
     (module docstring)."""
-    if x.dtype != torch.bfloat16 or x.device.type != "cuda":
+    if x.dtype != torch.bfloat16 or x.device.type != _KERNEL_DEVICE_TYPE:
         return None
     q = gg.store.manifest.quantizer(layout, gg._runtime(x.device.index).arch)
     if q is None or (masked and not _traits(q).takes_mask):
@@ -121,12 +125,12 @@ def _new_sfa(fills: bool, shape: tuple[int, ...], device: torch.device) -> torch
 
 
 def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any],
-            quant_ctas: int | None = None) -> None:
+            ctas_per_sm: int | None = None) -> None:
     """Launch q over x's 16-element blocks, then (Quantizer.fills_sfa) the CTAs that zero
     sfa's padding; `values` holds the tensors (kept alive here until the launch is enqueued:
     a temporary contiguous copy must not be freed before), ints and None for a null address.
-    `quant_ctas`: a grid-stride kernel's quantizing CTAs (Quantizer.takes_mask), at most one
-    per THREADS blocks; None: one per THREADS blocks."""
+    The quantizing CTAs: one per THREADS blocks, at most `ctas_per_sm` per SM when given (a
+    grid-stride kernel, Quantizer.takes_mask, which is told their count)."""
     fills, takes_mask = _traits(q)
     blocks = x.numel() // SF_VEC
     chunks = values["sfa"].numel() // 16
@@ -136,13 +140,13 @@ def _launch(gg: Any, q: Quantizer, x: torch.Tensor, values: dict[str, Any],
             for k, v in values.items()}
     args["blocks"] = blocks
     threads = q.block[0]
-    grid = -(-blocks // threads)
-    if quant_ctas is not None:
-        grid = min(grid, quant_ctas)
-    if takes_mask:
-        args["quant_ctas"] = grid
     # A CUDA tensor's own ordinal: no device lookup (as scaled_grouped_mm).
     rt = gg._runtime(x.device.index)
+    grid = -(-blocks // threads)
+    if ctas_per_sm is not None:
+        grid = min(grid, rt.device.sm_count * ctas_per_sm)
+    if takes_mask:
+        args["quant_ctas"] = grid
     if fills:
         args["sfa_chunks"] = chunks
         grid += fill_ctas(chunks, threads, rt.device.sm_count)
@@ -197,10 +201,7 @@ def quantize_masked(gg: Any, x: torch.Tensor, input_scale: torch.Tensor | float,
     sfa = _new_sfa(traits.fills_sfa, (experts, blocked_scale_numel(max_m, k)), x.device)
     values = {"x": x, "scales": scales, "a": a, "sfa": sfa, "max_m": max_m, "k": k,
               "experts": experts}
-    cap = None
     if traits.takes_mask:
         values["masked_m"] = None if masked_m is None else masked_m.contiguous()
-        if masked_m is not None:
-            cap = gg._runtime(x.device.index).device.sm_count * MASKED_CTAS_PER_SM
-    _launch(gg, q, x, values, cap)
+    _launch(gg, q, x, values, None if masked_m is None else MASKED_CTAS_PER_SM)
     return a, sfa.view(torch.float8_e4m3fn)
