@@ -267,27 +267,31 @@ def test_the_experts_fill_writes_exactly_what_the_quantizing_threads_do_not(expe
         assert covered_once(nbytes, quantized, fill_writes(nbytes // 16, k, owner_rows))
 
 
-def masked_walk(experts: int, max_m: int, k: int, valid: list[int],
+def masked_walk(experts: int, max_m: int, k: int, valid: list[int] | None,
                 quant_ctas: int) -> tuple[list[int], int]:
     """ActQuantMasked's quantizing loop, step for step, over quant_ctas CTAs of 256 threads:
-    (the blocks quantized, the most masked-row steps any thread took). valid[e]: expert e's
-    clamped masked_m."""
+    (the blocks quantized, as (e * max_m + row) * K/16 + j, the most iterations of a thread).
+    valid: each expert's clamped masked_m (the vend table's), None without masked_m."""
     kb = k // 16
-    blocks, stride, expert_blocks = experts * max_m * kb, quant_ctas * 256, max_m * kb
+    vend, run = [], 0
+    for e in range(experts):
+        run += (max_m if valid is None else valid[e]) * kb
+        vend.append(run)
+    total = experts * max_m * kb if valid is None else vend[-1]
     out, most = [], 0
-    for first in range(stride):
-        idx, skips = first, 0
-        while idx < blocks:
-            r, j = divmod(idx, kb)
-            e, row = divmod(r, max_m)
-            if row < valid[e]:
-                out.append(idx)
-                idx += stride
-            else:  # the first block of expert e + 1 on this thread's stride
-                idx += ((e + 1) * expert_blocks - idx + stride - 1) // stride * stride
-                skips += 1
-            assert idx < blocks + stride  # runtime.quantize.fits keeps this within Int32
-        most = max(most, skips)
+    for first in range(quant_ctas * 256):
+        v, steps = first, 0
+        while v < total:
+            if valid is None:
+                e, off = divmod(v, max(max_m * kb, 1))
+            else:
+                e = next(g for g in range(experts) if vend[g] > v)
+                off = v - (vend[e - 1] if e else 0)
+            row, j = divmod(off, kb)
+            out.append((e * max_m + row) * kb + j)
+            v += quant_ctas * 256
+            steps += 1
+        most = max(most, steps)
     return out, most
 
 
@@ -318,18 +322,17 @@ def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m
 @pytest.mark.parametrize("quant_ctas", [1, 3, None])
 def test_the_masked_quantizing_walk_takes_each_valid_block_once(max_m, k, masked,
                                                                 quant_ctas) -> None:
-    """The grid-stride loop, for any quantizing CTA count (None: one per 256 blocks, the plan
-    without masked_m): every block of a valid row exactly once, none of a masked row, and at
-    most one masked-row step per expert for each thread (masked rows cost no loads)."""
+    """The grid-stride loop over the valid blocks, for any quantizing CTA count (None: one per
+    256 blocks, the plan without masked_m): every block of a valid row exactly once, none of a
+    masked row, and no thread more iterations than the valid blocks need (a masked row costs
+    nothing)."""
     experts = 4
-    valid = [max_m] * experts if masked is None else [min(max(m, 0), max_m) for m in masked]
-    blocks = experts * max_m * (k // 16)
-    ctas = quant_ctas or -(-blocks // 256)
-    got, most = masked_walk(experts, max_m, k, valid, ctas)
+    valid = None if masked is None else [min(max(m, 0), max_m) for m in masked]
+    rows = [max_m] * experts if valid is None else valid
     kb = k // 16
-    want = [(e * max_m + r) * kb + j for e in range(experts) for r in range(valid[e])
+    ctas = quant_ctas or -(-experts * max_m * kb // 256)
+    got, most = masked_walk(experts, max_m, k, valid, ctas)
+    want = [(e * max_m + r) * kb + j for e in range(experts) for r in range(rows[e])
             for j in range(kb)]
-    assert sorted(got) == want
-    assert most <= experts
-    if masked is None and quant_ctas is None:
-        assert most == 0 and len(got) == blocks  # one block per thread, as before
+    assert sorted(got) == want and len(got) == len(want)
+    assert most == -(-len(want) // (ctas * 256))

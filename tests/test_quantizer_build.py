@@ -64,7 +64,7 @@ def test_quantizers_are_built_recorded_and_verified(fake: Fake, tmp_path: Path) 
     assert sorted(_quant_compiles(fake)) == ["quant sm_90a experts", "quant sm_90a masked"]
     m = load_manifest(out)
     assert [(q.layout, q.arch, q.max_experts) for q in m.quantizers] == [
-        ("experts", "sm_90a", 1024), ("masked", "sm_90a", 0)]
+        ("experts", "sm_90a", 1024), ("masked", "sm_90a", 1024)]
     for q in m.quantizers:
         assert q.name == f"act_quant_{q.layout}.sm_90a.{q.key[:12]}"
         assert q.cubin == f"cubins/{q.name}.cubin" and (out / q.cubin).is_file()
@@ -285,6 +285,14 @@ def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj:
             "layout's launch values), but take " + took) in _refused(manifest_obj)
 
 
+def test_a_masked_quantizer_without_masked_m_holds_no_table(manifest_obj: dict) -> None:
+    q = manifest_obj["quantizers"][1]
+    q["params"] = [p for p in q["params"] if p.get("operand") != "masked_m"
+                   and p.get("value") != "quant_ctas"]
+    assert ("m.quantizers[1].max_experts must be in 0..0 for the masked layout, but got 1024"
+            in _refused(manifest_obj))
+
+
 @pytest.mark.parametrize("drop,took", [
     ("masked_m", "['x', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks', 'sfa_chunks', "
                  "'quant_ctas']"),
@@ -312,6 +320,7 @@ def test_a_quantizer_built_before_the_padding_fill_still_loads(manifest_obj: dic
     for q in manifest_obj["quantizers"]:
         q["params"] = [p for p in q["params"] if p.get("operand") not in optional
                        and p.get("value") not in optional]
+    manifest_obj["quantizers"][1]["max_experts"] = 0  # no masked_m table then
     got = [(q.fills_sfa, q.takes_mask) for q in parse_manifest(manifest_obj, "m").quantizers]
     assert got == [(False, False), (False, False)]
 
