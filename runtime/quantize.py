@@ -62,7 +62,8 @@ def fits(q: Quantizer, shape: tuple[int, ...], experts: int, masked: bool = Fals
     masked layout's with masked_m), and it indexes the 16-element blocks, plus the stride of a
     grid-stride kernel (Quantizer.takes_mask: at most one thread per block) or one CTA of
     threads, and sfa's bytes in Int32."""
-    if (q.layout == "experts" or masked) and experts > q.max_experts:
+    # A masked record's max_experts of 0: no table (built before the valid-block walk).
+    if (q.layout == "experts" or (masked and q.max_experts)) and experts > q.max_experts:
         return False
     k = shape[-1]
     blocks = math.prod(shape) // SF_VEC

@@ -285,12 +285,20 @@ def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj:
             "layout's launch values), but take " + took) in _refused(manifest_obj)
 
 
-def test_a_masked_quantizer_without_masked_m_holds_no_table(manifest_obj: dict) -> None:
-    q = manifest_obj["quantizers"][1]
-    q["params"] = [p for p in q["params"] if p.get("operand") != "masked_m"
-                   and p.get("value") != "quant_ctas"]
-    assert ("m.quantizers[1].max_experts must be in 0..0 for the masked layout, but got 1024"
-            in _refused(manifest_obj))
+def test_the_first_masked_m_records_still_load_and_take_any_expert_count(
+        manifest_obj: dict) -> None:
+    """A masked record with masked_m and max_experts 0 (main between 0a8f14e and 3cf9f5c, 2026-12-07:
+    the walk without a table) parses, and serves a masked_m call of any E (review of the
+    valid-block walk: refusing it refused the whole artifact directory)."""
+    from runtime.quantize import fits
+
+    manifest_obj["quantizers"][1]["max_experts"] = 0
+    q = parse_manifest(manifest_obj, "m").quantizers[1]
+    assert (q.takes_mask, q.max_experts) == (True, 0)
+    assert fits(q, (4096, 4, 64), 4096, masked=True)
+    manifest_obj["quantizers"][1]["max_experts"] = 1024  # the valid-block walk's table
+    q = parse_manifest(manifest_obj, "m").quantizers[1]
+    assert not fits(q, (1025, 4, 64), 1025, masked=True) and fits(q, (1025, 4, 64), 1025)
 
 
 @pytest.mark.parametrize("drop,took", [
