@@ -134,6 +134,40 @@ def test_edge_blocks_hit_ties_and_non_finite_blocks() -> None:
     assert (codes == 7).any() and (codes == 15).any()
 
 
+def block_scan(values: list[int], op, threads: int = 256) -> list[int]:
+    """_block_scan, step for step: the exclusive prefix (op) of each thread's value, a shuffle
+    scan in each warp (a lane below the distance keeps its value), then the totals of the
+    warps before."""
+    scan = list(values)
+    for d in (1, 2, 4, 8, 16):
+        scan = [op(scan[i], scan[i - d]) if i % 32 >= d else scan[i] for i in range(threads)]
+    totals = [scan[w * 32 + 31] for w in range(threads // 32)]
+    out = []
+    for i in range(threads):
+        prefix = scan[i - 1] if i % 32 else 0
+        for w in range(i // 32):
+            prefix = op(prefix, totals[w])
+        out.append(prefix)
+    return out
+
+
+def masked_table(masked: list[int], max_m: int, kb: int, threads: int = 256,
+                 per_thread: int = 4) -> list[int]:
+    """ActQuantMasked's vend, step for step: each thread's running sum of clamp(masked_m, 0,
+    max_m) * kb over its experts, plus a sum scan of the threads' totals."""
+    vend, runs = [0] * (threads * per_thread), []
+    for tid in range(threads):
+        run = 0
+        for j in range(per_thread):
+            i = tid * per_thread + j
+            if i < len(masked):
+                run += min(max(masked[i], 0), max_m) * kb
+            vend[i] = run
+        runs.append(run)
+    carries = block_scan(runs, lambda a, b: a + b, threads)
+    return [v + carries[i // per_thread] for i, v in enumerate(vend)][:len(masked)]
+
+
 def kernel_tables(offs: list[int], t: int, threads: int = 256,
                   per_thread: int = 4) -> tuple[list[int], list[int]]:
     """ActQuantExperts' shared-memory tables, step for step: each thread's clamped running max
@@ -142,19 +176,6 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
     lane below the distance keeps its value), then the totals of the warps before."""
     n = threads * per_thread
     ends, pstart = [0] * n, [0] * n
-
-    def block_scan(values: list[int], op) -> list[int]:
-        scan = list(values)
-        for d in (1, 2, 4, 8, 16):
-            scan = [op(scan[i], scan[i - d]) if i % 32 >= d else scan[i] for i in range(threads)]
-        totals = [scan[w * 32 + 31] for w in range(threads // 32)]
-        out = []
-        for i in range(threads):
-            prefix = scan[i - 1] if i % 32 else 0
-            for w in range(i // 32):
-                prefix = op(prefix, totals[w])
-            out.append(prefix)
-        return out
 
     runs = []
     for tid in range(threads):
@@ -165,7 +186,7 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
             run = max(run, v)
             ends[i] = run
         runs.append(run)
-    carries = block_scan(runs, max)
+    carries = block_scan(runs, max, threads)
     totals = []
     for tid in range(threads):
         before, total = carries[tid], 0
@@ -176,11 +197,21 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
             total += (ends[i] - before + 127) // 128 * 128
             before = ends[i]
         totals.append(total)
-    sums = block_scan(totals, lambda a, b: a + b)
+    sums = block_scan(totals, lambda a, b: a + b, threads)
     for tid in range(threads):
         for j in range(per_thread):
             pstart[tid * per_thread + j] += sums[tid]
     return ends[:len(offs)], pstart[:len(offs)]
+
+
+@pytest.mark.parametrize("experts", [1, 3, 4, 5, 37, 255, 256, 257, 777, 1024])
+def test_the_masked_kernels_table_is_each_experts_valid_blocks_summed(experts) -> None:
+    """vend[e] = the sum over experts g <= e of clamp(masked_m[g], 0, max_m) * K/16, across the
+    4-per-thread and 256-thread boundaries, for masked_m below 0 and past max_m."""
+    gen = torch.Generator().manual_seed(experts)
+    masked = torch.randint(-5, 70, (experts,), generator=gen).tolist()
+    want = torch.tensor(masked).clamp(0, 64).mul(28).cumsum(0).tolist()
+    assert masked_table(masked, 64, 28) == want
 
 
 @pytest.mark.parametrize("experts", [1, 3, 4, 5, 255, 256, 257, 777, 1024])
@@ -271,12 +302,9 @@ def masked_walk(experts: int, max_m: int, k: int, valid: list[int] | None,
                 quant_ctas: int) -> tuple[list[int], int]:
     """ActQuantMasked's quantizing loop, step for step, over quant_ctas CTAs of 256 threads:
     (the blocks quantized, as (e * max_m + row) * K/16 + j, the most iterations of a thread).
-    valid: each expert's clamped masked_m (the vend table's), None without masked_m."""
+    valid: masked_m (the kernel's vend table is built from it, clamped), None without it."""
     kb = k // 16
-    vend, run = [], 0
-    for e in range(experts):
-        run += (max_m if valid is None else valid[e]) * kb
-        vend.append(run)
+    vend = [] if valid is None else masked_table(valid, max_m, kb)
     total = experts * max_m * kb if valid is None else vend[-1]
     out, most = [], 0
     for first in range(quant_ctas * 256):
