@@ -348,8 +348,9 @@ class Quantizer(Record):
     """An activation quantizer (kernels/sm90/act_quant.py), content-addressed like a Kernel:
     `key` hashes its family's sources, arch, layout, DSL, builder and Python. One per (layout,
     arch) in a manifest. The runtime launches it with one thread per 16 elements of x,
-    `block` threads per CTA; `max_experts` bounds the experts layout's E (its tables live in
-    shared memory), 0 for masked. Its attribute names are a Kernel's where they mean the same
+    `block` threads per CTA; `max_experts` bounds the experts layout's E and a masked call's
+    E with masked_m (their tables live in shared memory), 0 for a masked record with no table
+    (any E). Its attribute names are a Kernel's where they mean the same
     (the loader reads both alike)."""
 
     key: str
@@ -736,7 +737,9 @@ def parse_quantizer(obj: Any, source: str) -> Quantizer:
                             f"{sorted(QUANT_ROLES[q.layout])} once, and may take "
                             f"{sorted(optional)} once{', ' + together if together else ''} "
                             f"(the {q.layout} layout's launch values), but take {roles}")
-    want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, 0)
+    # masked: what its masked_m table holds, 0 for no table (a record without masked_m, or the
+    # first masked_m kernel of 2026-12-07, which walked x's blocks with no table: any E).
+    want_experts = (1, MAX_GROUPS) if q.layout == "experts" else (0, MAX_GROUPS)
     if not want_experts[0] <= q.max_experts <= want_experts[1]:
         raise ManifestError(f"{source}.max_experts must be in {want_experts[0]}.."
                             f"{want_experts[1]} for the {q.layout} layout, but got "

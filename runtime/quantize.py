@@ -53,15 +53,17 @@ def quantizer_for(gg: Any, layout: str, x: torch.Tensor, experts: int,
     q = gg.store.manifest.quantizer(layout, gg._runtime(x.device.index).arch)
     if q is None or (masked and not _traits(q).takes_mask):
         return None  # a masked kernel built before 2026-12-07 quantizes every row
-    return q if fits(q, tuple(x.shape), experts) else None
+    return q if fits(q, tuple(x.shape), experts, masked) else None
 
 
-def fits(q: Quantizer, shape: tuple[int, ...], experts: int) -> bool:
+def fits(q: Quantizer, shape: tuple[int, ...], experts: int, masked: bool = False) -> bool:
     """Whether quantizer q can take x of `shape` ((T, K) or (E, max_m, K)) with `experts`
-    experts: its tables hold them, and it indexes the 16-element blocks, plus the stride of a
+    experts (`masked`: and a masked_m): its tables hold them (the experts layout's always, the
+    masked layout's with masked_m), and it indexes the 16-element blocks, plus the stride of a
     grid-stride kernel (Quantizer.takes_mask: at most one thread per block) or one CTA of
     threads, and sfa's bytes in Int32."""
-    if q.layout == "experts" and experts > q.max_experts:
+    # A masked record's max_experts of 0: no table (built before the valid-block walk).
+    if (q.layout == "experts" or (masked and q.max_experts)) and experts > q.max_experts:
         return False
     k = shape[-1]
     blocks = math.prod(shape) // SF_VEC

@@ -229,7 +229,7 @@ def compile_quantizer(layout, *, arch):
            + "\\n)\\n{{\\n\\tret;\\n}}\\n")
     return {{"cubin": fake_elf(arch, symbol, layout), "ptx": ptx, "symbol": symbol,
             "params": params, "block": [256, 1, 1], "dynamic_smem": 0,
-            "max_experts": 1024 if layout == "experts" else 0}}
+            "max_experts": 1024}}
 '''
 
 QUANT_FAMILIES = '''\

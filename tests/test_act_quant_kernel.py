@@ -134,6 +134,40 @@ def test_edge_blocks_hit_ties_and_non_finite_blocks() -> None:
     assert (codes == 7).any() and (codes == 15).any()
 
 
+def block_scan(values: list[int], op, threads: int = 256) -> list[int]:
+    """_block_scan, step for step: the exclusive prefix (op) of each thread's value, a shuffle
+    scan in each warp (a lane below the distance keeps its value), then the totals of the
+    warps before."""
+    scan = list(values)
+    for d in (1, 2, 4, 8, 16):
+        scan = [op(scan[i], scan[i - d]) if i % 32 >= d else scan[i] for i in range(threads)]
+    totals = [scan[w * 32 + 31] for w in range(threads // 32)]
+    out = []
+    for i in range(threads):
+        prefix = scan[i - 1] if i % 32 else 0
+        for w in range(i // 32):
+            prefix = op(prefix, totals[w])
+        out.append(prefix)
+    return out
+
+
+def masked_table(masked: list[int], max_m: int, kb: int, threads: int = 256,
+                 per_thread: int = 4) -> list[int]:
+    """ActQuantMasked's vend, step for step: each thread's running sum of clamp(masked_m, 0,
+    max_m) * kb over its experts, plus a sum scan of the threads' totals."""
+    vend, runs = [0] * (threads * per_thread), []
+    for tid in range(threads):
+        run = 0
+        for j in range(per_thread):
+            i = tid * per_thread + j
+            if i < len(masked):
+                run += min(max(masked[i], 0), max_m) * kb
+            vend[i] = run
+        runs.append(run)
+    carries = block_scan(runs, lambda a, b: a + b, threads)
+    return [v + carries[i // per_thread] for i, v in enumerate(vend)][:len(masked)]
+
+
 def kernel_tables(offs: list[int], t: int, threads: int = 256,
                   per_thread: int = 4) -> tuple[list[int], list[int]]:
     """ActQuantExperts' shared-memory tables, step for step: each thread's clamped running max
@@ -142,19 +176,6 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
     lane below the distance keeps its value), then the totals of the warps before."""
     n = threads * per_thread
     ends, pstart = [0] * n, [0] * n
-
-    def block_scan(values: list[int], op) -> list[int]:
-        scan = list(values)
-        for d in (1, 2, 4, 8, 16):
-            scan = [op(scan[i], scan[i - d]) if i % 32 >= d else scan[i] for i in range(threads)]
-        totals = [scan[w * 32 + 31] for w in range(threads // 32)]
-        out = []
-        for i in range(threads):
-            prefix = scan[i - 1] if i % 32 else 0
-            for w in range(i // 32):
-                prefix = op(prefix, totals[w])
-            out.append(prefix)
-        return out
 
     runs = []
     for tid in range(threads):
@@ -165,7 +186,7 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
             run = max(run, v)
             ends[i] = run
         runs.append(run)
-    carries = block_scan(runs, max)
+    carries = block_scan(runs, max, threads)
     totals = []
     for tid in range(threads):
         before, total = carries[tid], 0
@@ -176,11 +197,21 @@ def kernel_tables(offs: list[int], t: int, threads: int = 256,
             total += (ends[i] - before + 127) // 128 * 128
             before = ends[i]
         totals.append(total)
-    sums = block_scan(totals, lambda a, b: a + b)
+    sums = block_scan(totals, lambda a, b: a + b, threads)
     for tid in range(threads):
         for j in range(per_thread):
             pstart[tid * per_thread + j] += sums[tid]
     return ends[:len(offs)], pstart[:len(offs)]
+
+
+@pytest.mark.parametrize("experts", [1, 3, 4, 5, 37, 255, 256, 257, 777, 1024])
+def test_the_masked_kernels_table_is_each_experts_valid_blocks_summed(experts) -> None:
+    """vend[e] = the sum over experts g <= e of clamp(masked_m[g], 0, max_m) * K/16, across the
+    4-per-thread and 256-thread boundaries, for masked_m below 0 and past max_m."""
+    gen = torch.Generator().manual_seed(experts)
+    masked = torch.randint(-5, 70, (experts,), generator=gen).tolist()
+    want = torch.tensor(masked).clamp(0, 64).mul(28).cumsum(0).tolist()
+    assert masked_table(masked, 64, 28) == want
 
 
 @pytest.mark.parametrize("experts", [1, 3, 4, 5, 255, 256, 257, 777, 1024])
@@ -267,27 +298,28 @@ def test_the_experts_fill_writes_exactly_what_the_quantizing_threads_do_not(expe
         assert covered_once(nbytes, quantized, fill_writes(nbytes // 16, k, owner_rows))
 
 
-def masked_walk(experts: int, max_m: int, k: int, valid: list[int],
+def masked_walk(experts: int, max_m: int, k: int, valid: list[int] | None,
                 quant_ctas: int) -> tuple[list[int], int]:
     """ActQuantMasked's quantizing loop, step for step, over quant_ctas CTAs of 256 threads:
-    (the blocks quantized, the most masked-row steps any thread took). valid[e]: expert e's
-    clamped masked_m."""
+    (the blocks quantized, as (e * max_m + row) * K/16 + j, the most iterations of a thread).
+    valid: masked_m (the kernel's vend table is built from it, clamped), None without it."""
     kb = k // 16
-    blocks, stride, expert_blocks = experts * max_m * kb, quant_ctas * 256, max_m * kb
+    vend = [] if valid is None else masked_table(valid, max_m, kb)
+    total = experts * max_m * kb if valid is None else vend[-1]
     out, most = [], 0
-    for first in range(stride):
-        idx, skips = first, 0
-        while idx < blocks:
-            r, j = divmod(idx, kb)
-            e, row = divmod(r, max_m)
-            if row < valid[e]:
-                out.append(idx)
-                idx += stride
-            else:  # the first block of expert e + 1 on this thread's stride
-                idx += ((e + 1) * expert_blocks - idx + stride - 1) // stride * stride
-                skips += 1
-            assert idx < blocks + stride  # runtime.quantize.fits keeps this within Int32
-        most = max(most, skips)
+    for first in range(quant_ctas * 256):
+        v, steps = first, 0
+        while v < total:
+            if valid is None:
+                e, off = divmod(v, max(max_m * kb, 1))
+            else:
+                e = next(g for g in range(experts) if vend[g] > v)
+                off = v - (vend[e - 1] if e else 0)
+            row, j = divmod(off, kb)
+            out.append((e * max_m + row) * kb + j)
+            v += quant_ctas * 256
+            steps += 1
+        most = max(most, steps)
     return out, most
 
 
@@ -318,18 +350,17 @@ def test_the_masked_fill_writes_exactly_what_the_quantizing_threads_do_not(max_m
 @pytest.mark.parametrize("quant_ctas", [1, 3, None])
 def test_the_masked_quantizing_walk_takes_each_valid_block_once(max_m, k, masked,
                                                                 quant_ctas) -> None:
-    """The grid-stride loop, for any quantizing CTA count (None: one per 256 blocks, the plan
-    without masked_m): every block of a valid row exactly once, none of a masked row, and at
-    most one masked-row step per expert for each thread (masked rows cost no loads)."""
+    """The grid-stride loop over the valid blocks, for any quantizing CTA count (None: one per
+    256 blocks, the plan without masked_m): every block of a valid row exactly once, none of a
+    masked row, and no thread more iterations than the valid blocks need (a masked row costs
+    nothing)."""
     experts = 4
-    valid = [max_m] * experts if masked is None else [min(max(m, 0), max_m) for m in masked]
-    blocks = experts * max_m * (k // 16)
-    ctas = quant_ctas or -(-blocks // 256)
-    got, most = masked_walk(experts, max_m, k, valid, ctas)
+    valid = None if masked is None else [min(max(m, 0), max_m) for m in masked]
+    rows = [max_m] * experts if valid is None else valid
     kb = k // 16
-    want = [(e * max_m + r) * kb + j for e in range(experts) for r in range(valid[e])
+    ctas = quant_ctas or -(-experts * max_m * kb // 256)
+    got, most = masked_walk(experts, max_m, k, valid, ctas)
+    want = [(e * max_m + r) * kb + j for e in range(experts) for r in range(rows[e])
             for j in range(kb)]
-    assert sorted(got) == want
-    assert most <= experts
-    if masked is None and quant_ctas is None:
-        assert most == 0 and len(got) == blocks  # one block per thread, as before
+    assert sorted(got) == want and len(got) == len(want)
+    assert most == -(-len(want) // (ctas * 256))

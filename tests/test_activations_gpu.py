@@ -107,9 +107,9 @@ def _quantizers(gg: runtime.GroupedGemm, path: str) -> tuple:  # noqa: F811
         assert quantizer_for(gg, "experts", x, offs.numel()) is not None
         return gg.quantize_experts(x, offs, scales)
 
-    def masked(x, scales):
-        assert quantizer_for(gg, "masked", x, x.shape[0]) is not None
-        return gg.quantize_masked(x, scales)
+    def masked(x, scales, masked_m=None):
+        assert quantizer_for(gg, "masked", x, x.shape[0], masked_m is not None) is not None
+        return gg.quantize_masked(x, scales, masked_m)
 
     return experts, masked
 
@@ -175,7 +175,10 @@ def test_quantize_experts_then_scaled_grouped_mm_in_one_graph(gg, path) -> None:
 
 
 @pytest.mark.parametrize("path", ["torch", "aot"])
-def test_quantize_masked_then_masked_grouped_mm(gg, path) -> None:  # noqa: F811
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_quantize_masked_then_masked_grouped_mm(gg, path, with_mask) -> None:  # noqa: F811
+    """with_mask: the quantizer takes the GEMM's masked_m (rows past it skipped, their scales
+    0): the valid rows' codes, scales and outputs are those of the unmasked call."""
     from serving_check import Weights
 
     _, quantize_masked = _quantizers(gg, path)
@@ -185,17 +188,23 @@ def test_quantize_masked_then_masked_grouped_mm(gg, path) -> None:  # noqa: F811
     scales = torch.tensor([2.0 ** -(g % 3) for g in range(experts)], device="cuda")
     gen = torch.Generator(device="cuda").manual_seed(8)
     xt, packed, plain = tokens(experts * max_m, k, scales.repeat_interleave(max_m), gen)
-    a, sfa = quantize_masked(xt.view(experts, max_m, k), scales)
-    assert torch.equal(a.view(-1, k // 2), packed)
     counts = [min(c, max_m) for c in (0, 1, 48, 13)]
     counts = [counts[g % 4] for g in range(experts)]
     masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    if with_mask:
+        a, sfa = quantize_masked(xt.view(experts, max_m, k), scales, masked_m)
+    else:
+        a, sfa = quantize_masked(xt.view(experts, max_m, k), scales)
+        assert torch.equal(a.view(-1, k // 2), packed)
     out = gg.masked_grouped_mm(a, w.b, sfa, w.sfb, masked_m, alpha=scales)
     torch.cuda.synchronize()
     for g, m in enumerate(counts):
         rows = slice(g * max_m, g * max_m + m)
-        assert torch.equal(sfa[g].view(torch.uint8),
-                           to_blocked(plain[g * max_m:(g + 1) * max_m]).view(torch.uint8))
+        want = plain[g * max_m:(g + 1) * max_m].view(torch.uint8).clone()
+        if with_mask:
+            want[m:] = 0
+            assert torch.equal(a[g, :m], packed[rows])
+        assert torch.equal(sfa[g].view(torch.uint8), to_blocked(want).view(torch.uint8))
         if m:
             ref = reference_grouped_gemm([packed[rows]], [w.b[g]], [to_blocked(plain[rows])],
                                          [w.sfb[g]], [(m, n, k)], alpha=[float(scales[g])],

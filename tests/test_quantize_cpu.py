@@ -43,7 +43,8 @@ def quantizer(layout: str, fills: bool = True, mask: bool = True) -> Quantizer:
     return Quantizer(key="k" * 64, name=f"act_quant_{layout}.sm_90a.{'k' * 12}", layout=layout,
                      arch="sm_90a", symbol="q", cubin="cubins/q.cubin", sha256="0" * 64,
                      cubin_bytes=1, block=(256, 1, 1), dynamic_smem=0,
-                     max_experts=1024 if layout == "experts" else 0, params=tuple(params))
+                     max_experts=1024 if layout == "experts" or mask else 0,
+                     params=tuple(params))
 
 
 @pytest.mark.parametrize("shape,experts,ok", [
@@ -286,3 +287,17 @@ def test_the_filling_ctas_are_capped_per_sm():
     assert rq.fill_ctas(per_cta + 1, 256, 132) == 2
     assert rq.fill_ctas(10 ** 6, 256, 132) == 132 * rq.FILL_CTAS_PER_SM
     assert rq.fill_ctas(10 ** 6, 256, 1) == rq.FILL_CTAS_PER_SM
+
+
+def test_a_masked_call_with_more_experts_than_its_table_takes_the_torch_path(on_cuda):
+    """With masked_m the kernel keeps a table of E entries (max_experts); without, any E."""
+    gg, rec = _gg(quantizer("masked"))
+    q = quantizer("masked")
+    assert q.max_experts == 1024
+    assert rq.fits(q, (1025, 2, 64), 1025) and not rq.fits(q, (1025, 2, 64), 1025, masked=True)
+    x = torch.zeros(1025, 2, 64, dtype=torch.bfloat16)
+    mask = torch.ones(1025, dtype=torch.int32)
+    for got, want in zip(rq.quantize_masked(gg, x, 1.0, mask),
+                         activations.quantize_masked(x, 1.0, mask)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert rec.launches == []

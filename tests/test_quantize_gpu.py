@@ -135,12 +135,14 @@ def _same_masked(got: tuple, want: tuple, mask: torch.Tensor, what: str) -> None
         assert bad == 0, f"{what}: expert {e}: {bad} code bytes differ"
 
 
-@pytest.mark.parametrize("experts,max_m,k", [(8, 48, 2048), (32, 1024, 7168), (256, 16, 768)])
+@pytest.mark.parametrize("experts,max_m,k", [(8, 48, 2048), (32, 1024, 7168), (256, 16, 768),
+                                             (37, 20, 256), (1024, 4, 64)])
 def test_masked_m_skips_the_masked_rows_with_the_torch_bits(gg, experts, max_m,  # noqa: F811
                                                             k) -> None:
-    """With masked_m (DeepEP low-latency's (32, 1024, 7168) among the cases): the valid rows'
-    codes and every scale byte as the torch path (masked rows' scales 0), no sync, and one
-    captured graph replayed with new masked_m (the grid-stride plan is fixed at capture)."""
+    """With masked_m (DeepEP low-latency's (32, 1024, 7168) among the cases; E 37 and 1024 for
+    the table's partial and full thread groups): the valid rows' codes and every scale byte as
+    the torch path (masked rows' scales 0), no sync, and one captured graph replayed with new
+    masked_m (the grid-stride plan is fixed at capture)."""
     _require(gg, "masked")
     gen = torch.Generator().manual_seed(experts + max_m)
     scales = (torch.rand(experts, generator=gen) * 0.05 + 1e-4).cuda()

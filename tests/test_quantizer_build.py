@@ -64,7 +64,7 @@ def test_quantizers_are_built_recorded_and_verified(fake: Fake, tmp_path: Path) 
     assert sorted(_quant_compiles(fake)) == ["quant sm_90a experts", "quant sm_90a masked"]
     m = load_manifest(out)
     assert [(q.layout, q.arch, q.max_experts) for q in m.quantizers] == [
-        ("experts", "sm_90a", 1024), ("masked", "sm_90a", 0)]
+        ("experts", "sm_90a", 1024), ("masked", "sm_90a", 1024)]
     for q in m.quantizers:
         assert q.name == f"act_quant_{q.layout}.sm_90a.{q.key[:12]}"
         assert q.cubin == f"cubins/{q.name}.cubin" and (out / q.cubin).is_file()
@@ -285,6 +285,22 @@ def test_a_quantizer_must_take_its_layouts_launch_values_once_each(manifest_obj:
             "layout's launch values), but take " + took) in _refused(manifest_obj)
 
 
+def test_the_first_masked_m_records_still_load_and_take_any_expert_count(
+        manifest_obj: dict) -> None:
+    """A masked record with masked_m and max_experts 0 (main between 0a8f14e and 3cf9f5c, 2026-12-07:
+    the walk without a table) parses, and serves a masked_m call of any E (review of the
+    valid-block walk: refusing it refused the whole artifact directory)."""
+    from runtime.quantize import fits
+
+    manifest_obj["quantizers"][1]["max_experts"] = 0
+    q = parse_manifest(manifest_obj, "m").quantizers[1]
+    assert (q.takes_mask, q.max_experts) == (True, 0)
+    assert fits(q, (4096, 4, 64), 4096, masked=True)
+    manifest_obj["quantizers"][1]["max_experts"] = 1024  # the valid-block walk's table
+    q = parse_manifest(manifest_obj, "m").quantizers[1]
+    assert not fits(q, (1025, 4, 64), 1025, masked=True) and fits(q, (1025, 4, 64), 1025)
+
+
 @pytest.mark.parametrize("drop,took", [
     ("masked_m", "['x', 'scales', 'a', 'sfa', 'max_m', 'k', 'experts', 'blocks', 'sfa_chunks', "
                  "'quant_ctas']"),
@@ -312,6 +328,7 @@ def test_a_quantizer_built_before_the_padding_fill_still_loads(manifest_obj: dic
     for q in manifest_obj["quantizers"]:
         q["params"] = [p for p in q["params"] if p.get("operand") not in optional
                        and p.get("value") not in optional]
+    manifest_obj["quantizers"][1]["max_experts"] = 0  # no masked_m table then
     got = [(q.fills_sfa, q.takes_mask) for q in parse_manifest(manifest_obj, "m").quantizers]
     assert got == [(False, False), (False, False)]
 

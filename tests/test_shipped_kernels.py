@@ -116,7 +116,7 @@ def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
     """The two activation quantizers (kernels/sm90/act_quant.py) ship beside the GEMMs: one per
     layout for sm_90a (no sm_100a quantizer exists), their parameters in the order and under
     the roles runtime/quantize.py packs, each cubin the right arch with its symbol and no stack
-    frame, and the experts layout's shared-memory tables for 1024 experts."""
+    frame, and shared-memory tables for 1024 experts (the masked layout's for masked_m)."""
     from kernels.introspect import require_no_stack_frame
     from runtime.params import role
 
@@ -137,5 +137,6 @@ def test_activation_quantizers_ship_for_sm90a_only(shipped: Path) -> None:
         require_no_stack_frame(cubin, q.symbol, "the quantizer keeps its values in registers")
         assert q.block == (256, 1, 1)
     experts, masked = m.quantizers
-    assert (experts.max_experts, masked.max_experts) == (1024, 0)
-    assert experts.dynamic_smem == (2 * 1024 + 8) * 4 + 64 and masked.dynamic_smem == 0
+    assert (experts.max_experts, masked.max_experts) == (1024, 1024)
+    assert experts.dynamic_smem == (2 * 1024 + 8) * 4 + 64
+    assert masked.dynamic_smem == (1024 + 8) * 4 + 64  # the masked_m table

@@ -58,6 +58,8 @@ THREADS = 256
 EXPERTS_PER_THREAD = 4
 MAX_EXPERTS = THREADS * EXPERTS_PER_THREAD
 TABLE_SMEM_BYTES = (2 * MAX_EXPERTS + THREADS // 32) * 4 + 64
+# The masked kernel's table (with masked_m): each expert's end in the valid blocks' order.
+MASKED_SMEM_BYTES = (MAX_EXPERTS + THREADS // 32) * 4 + 64
 # e2m1 rounding midpoints (runtime.nvfp4._E2M1_MIDPOINTS) as PTX f64 literals.
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
@@ -245,6 +247,31 @@ class _Quantizer:
                 a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8))
 
     @cute.jit
+    def _block_scan(self, scan, tid, value, is_max: bool):
+        """The exclusive prefix (max or +; the values are >= 0, so 0 is the identity of both)
+        of thread tid's value across the CTA: a shuffle scan in each warp, then each thread
+        folds the totals of the warps before its own from shared memory. Two barriers, against
+        sixteen for a Hillis-Steele scan through shared memory."""
+        lane = tid % 32
+        warp = tid // 32
+        v = value
+        for d in cutlass.range_constexpr(5):
+            below = cute.arch.shuffle_sync_up(v, 1 << d)
+            if lane >= (1 << d):
+                v = cutlass.max(v, below) if is_max else v + below
+        if lane == 31:
+            scan[warp] = v
+        cute.arch.sync_threads()
+        prefix = cute.arch.shuffle_sync_up(v, 1)
+        if lane == 0:
+            prefix = Int32(0)
+        for w in cutlass.range_constexpr(THREADS // 32):
+            if w < warp:
+                prefix = cutlass.max(prefix, scan[w]) if is_max else prefix + scan[w]
+        cute.arch.sync_threads()  # the scratch is reused by the next scan
+        return prefix
+
+    @cute.jit
     def _first_above(self, table, n, value) -> Int32:
         """The first g < n with table[g] > value (n if none): a binary search of the
         non-decreasing shared-memory table."""
@@ -354,31 +381,6 @@ class ActQuantExperts(_Quantizer):
                                   block=[THREADS, 1, 1], smem=TABLE_SMEM_BYTES)
 
     @cute.jit
-    def _block_scan(self, scan, tid, value, is_max: bool):
-        """The exclusive prefix (max or +; the values are >= 0, so 0 is the identity of both)
-        of thread tid's value across the CTA: a shuffle scan in each warp, then each thread
-        folds the totals of the warps before its own from shared memory. Two barriers, against
-        sixteen for a Hillis-Steele scan through shared memory."""
-        lane = tid % 32
-        warp = tid // 32
-        v = value
-        for d in cutlass.range_constexpr(5):
-            below = cute.arch.shuffle_sync_up(v, 1 << d)
-            if lane >= (1 << d):
-                v = cutlass.max(v, below) if is_max else v + below
-        if lane == 31:
-            scan[warp] = v
-        cute.arch.sync_threads()
-        prefix = cute.arch.shuffle_sync_up(v, 1)
-        if lane == 0:
-            prefix = Int32(0)
-        for w in cutlass.range_constexpr(THREADS // 32):
-            if w < warp:
-                prefix = cutlass.max(prefix, scan[w]) if is_max else prefix + scan[w]
-        cute.arch.sync_threads()  # the scratch is reused by the next scan
-        return prefix
-
-    @cute.jit
     def _owner_rows(self, ends, pstart, experts, row0) -> tuple:
         """_fill_chunks' (row0 relative to its owner, the owner's real rows) for the 128-row
         block at blocked row row0: the owner is the last expert whose scale rows start at or
@@ -446,14 +448,15 @@ class ActQuantExperts(_Quantizer):
 class ActQuantMasked(_Quantizer):
     """quantize_masked: x (E, max_m, K), sfa (E, round_up(max_m, 128) * round_up(K/16, 4)).
     With masked_m (a nonzero address: (E,) int32, each clamped to [0, max_m] as the masked
-    GEMM does), expert e's rows from masked_m[e] on are neither read nor written, and their
-    scales in sfa are zeros (written by the filling CTAs); with a null masked_m every row is
-    valid. The first `quant_ctas` CTAs quantize, grid-stride over x's 16-element blocks: a
-    thread that reaches an expert's masked rows jumps to the next expert on its stride, so
-    rows past masked_m cost no loads, and the runtime caps quant_ctas for a masked call
-    (DeepEP low-latency's max_m is the worst case, most rows masked)."""
+    GEMM does; E <= MAX_EXPERTS), expert e's rows from masked_m[e] on are neither read nor
+    written and their scales in sfa are zeros (written by the filling CTAs); with a null
+    masked_m every row is valid. The first `quant_ctas` CTAs quantize, grid-stride over the
+    VALID blocks only: with masked_m every CTA first derives vend (each expert's end in the
+    valid blocks' order, a block scan as the experts kernel's) in shared memory and finds a
+    block's expert by binary search, so a masked row costs nothing however large max_m is
+    (DeepEP low-latency's worst case), and the runtime caps quant_ctas for a masked call."""
 
-    SMEM_BYTES = 0
+    SMEM_BYTES = MASKED_SMEM_BYTES
 
     @cute.jit
     def __call__(self, x: cute.Pointer, scales: cute.Pointer, masked_m: cute.Pointer,
@@ -464,16 +467,8 @@ class ActQuantMasked(_Quantizer):
                             (("max_m", max_m), ("k", k), ("experts", experts),
                              ("blocks", blocks), ("sfa_chunks", sfa_chunks),
                              ("quant_ctas", quant_ctas)))
-        self.kernel(*args).launch(grid=[quant_ctas + 1, 1, 1], block=[THREADS, 1, 1])
-
-    @cute.jit
-    def _valid_rows(self, masked_m, max_m, e) -> Int32:
-        """Expert e's valid rows: masked_m[e] clamped to [0, max_m], max_m without masked_m."""
-        m = max_m
-        if masked_m.toint() != Int64(0):
-            m = cutlass.min(cutlass.max(
-                Int32(ld_global_nc_b32(masked_m.toint() + Int64(e) * 4)), Int32(0)), max_m)
-        return m
+        self.kernel(*args).launch(grid=[quant_ctas + 1, 1, 1], block=[THREADS, 1, 1],
+                                  smem=MASKED_SMEM_BYTES)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, scales: cute.Pointer, masked_m: cute.Pointer,
@@ -482,33 +477,68 @@ class ActQuantMasked(_Quantizer):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         kb = k // 16
+        expert_blocks = max_m * kb
         expert_rows = (max_m + 127) // 128 * 128
         expert_bytes = expert_rows * ((k // 16 + 3) // 4) * 4
+        smem = cutlass.memory.SmemAllocator()
+        vend = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
+        scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
+        masked = masked_m.toint() != Int64(0)
+        total = blocks
+        if masked:
+            # vend: the running sum of clamp(masked_m, 0, max_m) * kb, this thread's experts
+            # first, then across threads.
+            first = tidx * EXPERTS_PER_THREAD
+            run = Int32(0)
+            for i in range(EXPERTS_PER_THREAD):
+                if first + i < experts:
+                    m = cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
+                        masked_m.toint() + Int64(first + i) * 4)), Int32(0)), max_m)
+                    run = run + m * kb
+                vend[first + i] = run
+            carry = self._block_scan(scan, tidx, run, False)
+            for i in range(EXPERTS_PER_THREAD):
+                vend[first + i] = vend[first + i] + carry
+            cute.arch.sync_threads()
+            total = vend[experts - 1]
+
         if bidx >= quant_ctas:
             # Each expert's scale rows are a whole number of atoms, so sfa's blocked rows run
             # on across experts: the owner of blocked row row0 is row0 // expert_rows.
             self._fill_chunks(sfa, k, quant_ctas, sfa_chunks,
                               lambda row0: (row0 % expert_rows,
-                                            self._valid_rows(masked_m, max_m,
+                                            self._valid_rows(vend, masked, max_m, kb,
                                                              row0 // expert_rows)))
         else:
-            stride = quant_ctas * THREADS
-            expert_blocks = max_m * kb
-            idx = bidx * THREADS + tidx
-            while idx < blocks:
-                r = idx // kb
-                j = idx - r * kb
-                e = r // max_m
-                row = r - e * max_m
-                if row < self._valid_rows(masked_m, max_m, e):
-                    self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
-                                ld_global_nc_f32(scales.toint() + Int64(e) * 4),
-                                a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8),
-                                sfa.toint() + Int64(e) * Int64(expert_bytes)
-                                + Int64(_blocked_offset(row, j, k)))
-                    idx += stride
-                else:  # the first block of expert e + 1 on this thread's stride
-                    idx += ((e + 1) * expert_blocks - idx + stride - 1) // stride * stride
+            v = bidx * THREADS + tidx
+            while v < total:
+                e = v // cutlass.max(expert_blocks, Int32(1))
+                off = v - e * expert_blocks
+                if masked:
+                    e = self._first_above(vend, experts, v)
+                    off = v
+                    if e > 0:
+                        off = v - vend[e - 1]
+                row = off // kb
+                j = off - row * kb
+                r = e * max_m + row
+                self._block(x.toint() + (Int64(r) * Int64(k) + Int64(j * 16)) * 2,
+                            ld_global_nc_f32(scales.toint() + Int64(e) * 4),
+                            a.toint() + Int64(r) * Int64(k // 2) + Int64(j * 8),
+                            sfa.toint() + Int64(e) * Int64(expert_bytes)
+                            + Int64(_blocked_offset(row, j, k)))
+                v += quant_ctas * THREADS
+
+    @cute.jit
+    def _valid_rows(self, vend, masked, max_m, kb, e) -> Int32:
+        """Expert e's valid rows: from the vend table with masked_m, else max_m."""
+        m = max_m
+        if masked:
+            start = Int32(0)
+            if e > 0:
+                start = vend[e - 1]
+            m = (vend[e] - start) // kb
+        return m
 
 
 LAYOUTS = {"experts": ActQuantExperts, "masked": ActQuantMasked}
@@ -516,9 +546,9 @@ LAYOUTS = {"experts": ActQuantExperts, "masked": ActQuantMasked}
 
 def compile_quantizer(layout: str, *, arch: str) -> dict[str, Any]:
     """Compile one layout's kernel: {"cubin", "ptx", "symbol", "params", "block",
-    "dynamic_smem", "max_experts"} (max_experts: what the experts layout's tables hold, 0 for
-    masked), after the build guards (no stack frame; the DSL launcher's block and shared memory
-    equal to the kernel's own)."""
+    "dynamic_smem", "max_experts"} (max_experts: the experts its tables hold: every call of the
+    experts layout, a masked call with masked_m), after the build guards (no stack frame; the
+    DSL launcher's block and shared memory equal to the kernel's own)."""
     if arch != "sm_90a":
         raise ValueError(f"arch must be 'sm_90a' for the sm90 quantizers, but got {arch!r}")
     if os.environ.get("CUTE_DSL_ARCH") != arch:
@@ -551,4 +581,4 @@ def compile_quantizer(layout: str, *, arch: str) -> dict[str, Any]:
                            f"{block} ({THREADS} threads)")
     return {"cubin": cubin, "ptx": ptx, "symbol": symbols[0], "params": quantizer.args.params(),
             "block": list(block), "dynamic_smem": quantizer.SMEM_BYTES,
-            "max_experts": MAX_EXPERTS if layout == "experts" else 0}
+            "max_experts": MAX_EXPERTS}
