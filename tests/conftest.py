@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,14 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Fake:
     monkeypatch.setenv("FAKE_COMPILE_LOG", str(log))
     monkeypatch.setenv("NVFP4_BUILD_FAMILIES", f"{pkg}.families")
     return Fake(root=root, pkg=pkg, log=log)
+
+
+def default_sigint() -> None:
+    """Popen preexec_fn for a build that a test interrupts with SIGINT: a test run started in
+    the background (a shell without job control, nohup) inherits SIGINT ignored, and so would
+    the build, which then never sees the Ctrl-C the test sends (it hung for 60 s). Reset, the
+    build gets Python's KeyboardInterrupt, as at a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def tree_hash(root: Path) -> dict[str, str]:

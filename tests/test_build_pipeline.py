@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Fake, requires_dsl, tree_hash
+from conftest import REPO, Fake, default_sigint, requires_dsl, tree_hash
 
 from builder import atomic
 from builder.build import BuildFailed, build, merge
@@ -404,7 +404,7 @@ def test_killed_build_leaves_old_directory_and_no_worker(fake: Fake, tmp_path: P
     env = {**os.environ, "PYTHONPATH": str(fake.root)}
     proc = subprocess.Popen([sys.executable, str(REPO / "build_kernels.py"), "--spec", str(spec),
                              "--out", str(out)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, preexec_fn=default_sigint)
     pid_file = Path(str(fake.log) + ".pid")
     deadline = time.monotonic() + 60
     while not pid_file.exists() or not pid_file.read_text():

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Fake, tree_hash
+from conftest import REPO, Fake, default_sigint, tree_hash
 from test_build_pipeline import SPEC, _alive, run, siblings
 
 from builder import atomic
@@ -179,7 +179,7 @@ def _start(fake: Fake, tmp_path: Path, spec: Path, out: Path, *args: str,
         [sys.executable, str(tmp_path / "_fake" / "driver.py"), "build", "--spec", str(spec),
          "--out", str(out), "-j", "2", *args],
         env=_env(fake, tmp_path, **extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=default_sigint)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
