@@ -6,7 +6,8 @@ torch ops, and with --artifacts the artifacts' AOT quantizer (gg.quantize_expert
 checked against the torch path first).
 
     PYTHONPATH=. python bench/bench_activations.py [--artifacts artifacts [--compare DIR
-        [--compare-fill N]] [--masked]] [--tokens 8 64 512 4096] [--reps 50] [--compiled] [--json F]
+        [--compare-fill N] [--compare-fill-ctas N]] [--masked]] [--tokens 8 64 512 4096]
+        [--reps 50] [--compiled] [--json F]
 
 --compiled also times `torch.compile(quantize_experts, fullgraph=True, dynamic=True)` (one
 compile for every shape), after checking its bytes: what an engine that compiles its step gets.
@@ -28,7 +29,7 @@ import json
 import random
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +88,12 @@ def _launch_plan(name: str, value: int | None) -> Iterator[None]:
 
 
 def _aot_graphs(gg: Any, sets: list, scales: torch.Tensor, want: tuple, label: str,
-                fill: int | None = None) -> list:
+                plan: dict[str, int | None] | None = None) -> list:
     """gg's AOT quantizer captured once per input set, its bytes checked on the first, with
-    `fill` filling chunks a thread (_launch_plan)."""
-    with _launch_plan("FILL_CHUNKS_PER_THREAD", fill):
+    runtime.quantize's launch-plan constants set as in `plan` (_launch_plan)."""
+    with ExitStack() as stack:
+        for name, value in (plan or {}).items():
+            stack.enter_context(_launch_plan(name, value))
         got = gg.quantize_experts(*sets[0], scales)
         if any(not torch.equal(g.view(torch.uint8), w.view(torch.uint8))
                for g, w in zip(got, want)):
@@ -108,7 +111,7 @@ def _masked_same(got: tuple, want: tuple, mask: torch.Tensor) -> bool:
 
 def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: int,
                copy_gbs: float, compiled: Any = None, gg: Any = None,
-               before: Any = None, before_fill: int | None = None) -> dict:
+               before: Any = None, before_plan: dict[str, int | None] | None = None) -> dict:
     t = tokens * topk
     gen = torch.Generator(device="cuda").manual_seed(tokens)
     scales = torch.full((experts,), 0.01, dtype=torch.float32, device="cuda")
@@ -121,9 +124,9 @@ def bench_case(name: str, experts: int, k: int, topk: int, tokens: int, reps: in
     aot_us = before_us = None
     if gg is not None:
         want = quantize_experts(*sets[0], scales)
-        variants = [_aot_graphs(q, sets, scales, want, f"{name} {tokens} {label}", fill)
-                    for q, label, fill in ((gg, "--artifacts", None),
-                                           (before, "--compare", before_fill))
+        variants = [_aot_graphs(q, sets, scales, want, f"{name} {tokens} {label}", plan)
+                    for q, label, plan in ((gg, "--artifacts", None),
+                                           (before, "--compare", before_plan))
                     if q is not None]
         times = [round(us, 1) for us in time_interleaved(variants, reps)]
         aot_us, before_us = times[0], (times[1] if before is not None else None)
@@ -240,6 +243,9 @@ def main() -> int:
                     help="with --compare: the sfa-filling chunks per thread of the --compare "
                          "side's launches (default: the runtime's FILL_CHUNKS_PER_THREAD), "
                          "to A/B a build as shipped with its own launch plan")
+    ap.add_argument("--compare-fill-ctas", type=int, default=None, metavar="N",
+                    help="with --compare: the --compare side's filling CTAs per SM at most "
+                         "(default: the runtime's FILL_CTAS_PER_SM), to A/B the cap")
     ap.add_argument("--masked", action="store_true",
                     help="with --artifacts: also time gg.quantize_masked with and without "
                          "masked_m on DeepEP low-latency shapes (MASKED_CASES)")
@@ -254,6 +260,9 @@ def main() -> int:
         ap.error("--masked needs --artifacts (it times the AOT quantizer)")
     if args.compare_fill is not None and (not args.compare or args.compare_fill < 1):
         ap.error(f"--compare-fill {args.compare_fill}: needs --compare and a count >= 1")
+    if args.compare_fill_ctas is not None and (not args.compare or args.compare_fill_ctas < 1):
+        ap.error(f"--compare-fill-ctas {args.compare_fill_ctas}: needs --compare and a count "
+                 ">= 1")
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -266,8 +275,10 @@ def main() -> int:
 
         gg = runtime.load(args.artifacts)
         before = runtime.load(args.compare) if args.compare else None
+    before_plan = {"FILL_CHUNKS_PER_THREAD": args.compare_fill,
+                   "FILL_CTAS_PER_SM": args.compare_fill_ctas}
     rows = [bench_case(name, e, k, topk, tok, args.reps, copy_gbs, compiled, gg, before,
-                       args.compare_fill)
+                       before_plan)
             for name, e, k, topk in LAYERS for tok in args.tokens]
     masked = [bench_masked(gg, *case, args.reps, copy_gbs, args.masked_caps, before)
               for case in MASKED_CASES
