@@ -163,8 +163,10 @@ def bench_masked(gg: Any, name: str, experts: int, max_m: int, k: int, mean: int
     other_caps = [c for c in caps if c != rq.MASKED_CTAS_PER_SM]
     old = before is not None and rq.quantizer_for(before, "masked", x0, experts, True)
     variants = [[capture(lambda x=x: gg.quantize_masked(x, scales)) for x, _ in sets]]
-    for q, cap, label in ([(gg, None, "")] + [(gg, c, f" cap {c}") for c in other_caps]
-                          + [(before, None, " --compare")] * bool(old)):
+    runs = [(gg, None, "")] + [(gg, c, f" cap {c}") for c in other_caps]
+    if old:
+        runs.append((before, None, " --compare"))
+    for q, cap, label in runs:
         with _launch_plan("MASKED_CTAS_PER_SM", cap):
             if not _masked_same(q.quantize_masked(x0, scales, m0), want, m0):
                 raise SystemExit(f"{name} max_m {max_m}{label}: the masked quantizer's bytes "
