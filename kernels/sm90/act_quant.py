@@ -288,6 +288,40 @@ class _Quantizer:
         return lo
 
     @cute.jit
+    def _end_before(self, table, g) -> Int32:
+        """table[g - 1], the end before entry g of a running table (0 for g = 0)."""
+        start = Int32(0)
+        if g > 0:
+            start = table[g - 1]
+        return start
+
+    @cute.jit
+    def _running_table(self, table, scan, tid, n, entry, is_max: bool,
+                       exclusive: bool = False) -> Int32:
+        """table[g] = the running max (is_max) or sum of the entries g' <= g (exclusive: g' <
+        g) for g < MAX_EXPERTS, entry(g, j) for g < n and 0 past it; thread tid holds the
+        EXPERTS_PER_THREAD entries from g = tid * EXPERTS_PER_THREAD (j = 0, 1, ...): a
+        thread-local running value, then the threads' carries by _block_scan. Returns this
+        thread's carry (the value before its first entry). The caller syncs before other
+        threads read the table."""
+        first = tid * EXPERTS_PER_THREAD
+        run = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            v = Int32(0)
+            if first + j < n:
+                v = entry(first + j, j)
+            if cutlass.const_expr(exclusive):
+                table[first + j] = run
+            run = cutlass.max(run, v) if is_max else run + v
+            if cutlass.const_expr(not exclusive):
+                table[first + j] = run
+        carry = self._block_scan(scan, tid, run, is_max)
+        for j in range(EXPERTS_PER_THREAD):
+            table[first + j] = (cutlass.max(table[first + j], carry) if is_max
+                                else table[first + j] + carry)
+        return carry
+
+    @cute.jit
     def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
         """The CTAs past the quantizing ones: write zeros into every byte of sfa the
         quantizing threads do not, so the caller needs no memset (one graph node less). A
@@ -389,10 +423,7 @@ class ActQuantExperts(_Quantizer):
         before row0 (an empty expert starts where the next one does, so the last is the one
         with rows, or the last expert for the slack after every expert's rows)."""
         g = self._first_above(pstart, experts, row0) - 1  # pstart[0] = 0 <= row0
-        start = Int32(0)
-        if g > 0:
-            start = ends[g - 1]
-        return row0 - pstart[g], ends[g] - start
+        return row0 - pstart[g], ends[g] - self._end_before(ends, g)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
@@ -403,28 +434,17 @@ class ActQuantExperts(_Quantizer):
         ends = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         pstart = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
-        first = tid * EXPERTS_PER_THREAD
-        # ends: clamp, then the running max within this thread's experts, then across threads.
-        run = Int32(0)
-        for j in range(EXPERTS_PER_THREAD):
-            v = Int32(0)
-            if first + j < experts:
-                v = cutlass.min(cutlass.max(
-                    Int32(ld_global_nc_b32(offs.toint() + Int64(first + j) * 4)), Int32(0)), rows)
-            run = cutlass.max(run, v)
-            ends[first + j] = run
-        carry = self._block_scan(scan, tid, run, True)
-        before = carry  # ends[first - 1]: the last end before this thread's experts
-        total = Int32(0)
-        for j in range(EXPERTS_PER_THREAD):
-            e = cutlass.max(ends[first + j], carry)
-            ends[first + j] = e
-            pstart[first + j] = total
-            total = total + (e - before + 127) // 128 * 128
-            before = e
-        carry = self._block_scan(scan, tid, total, False)
-        for j in range(EXPERTS_PER_THREAD):
-            pstart[first + j] = pstart[first + j] + carry
+        # ends = cummax(clamp(offs, 0, rows)); `before`: the end before this thread's experts.
+        before = self._running_table(
+            ends, scan, tid, experts,
+            lambda g, j: cutlass.min(cutlass.max(
+                Int32(ld_global_nc_b32(offs.toint() + Int64(g) * 4)), Int32(0)), rows), True)
+        # pstart: the sum of round_up(rows, 128) over the experts before each (from this
+        # thread's own ends: no barrier needed).
+        self._running_table(
+            pstart, scan, tid, experts,
+            lambda g, j: (ends[g] - (before if j == 0 else ends[g - 1]) + 127) // 128 * 128,
+            False, exclusive=True)
         cute.arch.sync_threads()
 
         bidx, _, _ = cute.arch.block_idx()
@@ -439,10 +459,7 @@ class ActQuantExperts(_Quantizer):
             if lo >= experts:
                 st_global_v2(a_addr, Uint32(0), Uint32(0))  # no expert's row: codes 0
             else:
-                start = Int32(0)
-                if lo > 0:
-                    start = ends[lo - 1]
-                prow = pstart[lo] + r - start
+                prow = pstart[lo] + r - self._end_before(ends, lo)
                 gs = ld_global_nc_f32(scales.toint() + Int64(lo) * 4)
                 self._block(x_addr, gs, a_addr, sfa.toint() + Int64(_blocked_offset(prow, j, k)))
 
@@ -488,19 +505,11 @@ class ActQuantMasked(_Quantizer):
         masked = masked_m.toint() != Int64(0)
         total = blocks
         if masked:
-            # vend: the running sum of clamp(masked_m, 0, max_m) * kb, this thread's experts
-            # first, then across threads.
-            first = tidx * EXPERTS_PER_THREAD
-            run = Int32(0)
-            for i in range(EXPERTS_PER_THREAD):
-                if first + i < experts:
-                    m = cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
-                        masked_m.toint() + Int64(first + i) * 4)), Int32(0)), max_m)
-                    run = run + m * kb
-                vend[first + i] = run
-            carry = self._block_scan(scan, tidx, run, False)
-            for i in range(EXPERTS_PER_THREAD):
-                vend[first + i] = vend[first + i] + carry
+            # vend: the running sum of clamp(masked_m, 0, max_m) * kb.
+            self._running_table(
+                vend, scan, tidx, experts,
+                lambda g, j: cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
+                    masked_m.toint() + Int64(g) * 4)), Int32(0)), max_m) * kb, False)
             cute.arch.sync_threads()
             total = vend[experts - 1]
 
@@ -514,13 +523,14 @@ class ActQuantMasked(_Quantizer):
         else:
             v = bidx * THREADS + tidx
             while v < total:
-                e = v // cutlass.max(expert_blocks, Int32(1))
-                off = v - e * expert_blocks
+                e = Int32(0)
+                off = Int32(0)
                 if masked:
                     e = self._first_above(vend, experts, v)
-                    off = v
-                    if e > 0:
-                        off = v - vend[e - 1]
+                    off = v - self._end_before(vend, e)
+                else:
+                    e = v // cutlass.max(expert_blocks, Int32(1))
+                    off = v - e * expert_blocks
                 row = off // kb
                 j = off - row * kb
                 r = e * max_m + row
@@ -536,10 +546,7 @@ class ActQuantMasked(_Quantizer):
         """Expert e's valid rows: from the vend table with masked_m, else max_m."""
         m = max_m
         if masked:
-            start = Int32(0)
-            if e > 0:
-                start = vend[e - 1]
-            m = (vend[e] - start) // kb
+            m = (vend[e] - self._end_before(vend, e)) // kb
         return m
 
 
