@@ -32,7 +32,9 @@ runtime.activations; the experts path 8.2-22.2 us at 512 rows against 171-496 us
 torch path. Shipped (2026-12-06, H200, 08f130e): 43/43 through the runtime, 21 GPU tests,
 7.9-22.9 us at 8-64 tokens x 8 (bench/RESULTS.md). The masked kernel's valid-block walk
 (2026-12-07, H100, 78c4496's build): 33 GPU tests exact, E 32 x max_m 256 x K 7168 with about 8
-rows each 27.6 -> 10.7 us against the walk over every block.
+rows each 27.6 -> 10.7 us against the walk over every block. Its table and walk through
+_running_sum / _end_before (2026-12-07, H100, cubin 7c9db504): 29 GPU tests and every
+act_quant_check case exact, its masked_m calls within 0.6 us of the walk's first form.
 """
 
 from __future__ import annotations
@@ -296,30 +298,21 @@ class _Quantizer:
         return start
 
     @cute.jit
-    def _running_table(self, table, scan, tid, n, entry, is_max: bool,
-                       exclusive: bool = False) -> Int32:
-        """table[g] = the running max (is_max) or sum of the entries g' <= g (exclusive: g' <
-        g) for g < MAX_EXPERTS, entry(g, j) for g < n and 0 past it; thread tid holds the
-        EXPERTS_PER_THREAD entries from g = tid * EXPERTS_PER_THREAD (j = 0, 1, ...): a
-        thread-local running value, then the threads' carries by _block_scan. Returns this
-        thread's carry (the value before its first entry). The caller syncs before other
-        threads read the table."""
+    def _running_sum(self, table, scan, tid, n, entry) -> None:
+        """table[g] = entry(0) + ... + entry(g) for g < MAX_EXPERTS (entries from n on are 0):
+        EXPERTS_PER_THREAD consecutive entries per thread, a thread-local running sum, then
+        the threads' carries by _block_scan. The caller syncs before other threads read it."""
         first = tid * EXPERTS_PER_THREAD
         run = Int32(0)
         for j in range(EXPERTS_PER_THREAD):
             v = Int32(0)
             if first + j < n:
-                v = entry(first + j, j)
-            if cutlass.const_expr(exclusive):
-                table[first + j] = run
-            run = cutlass.max(run, v) if is_max else run + v
-            if cutlass.const_expr(not exclusive):
-                table[first + j] = run
-        carry = self._block_scan(scan, tid, run, is_max)
+                v = entry(first + j)
+            run = run + v
+            table[first + j] = run
+        carry = self._block_scan(scan, tid, run, False)
         for j in range(EXPERTS_PER_THREAD):
-            table[first + j] = (cutlass.max(table[first + j], carry) if is_max
-                                else table[first + j] + carry)
-        return carry
+            table[first + j] = table[first + j] + carry
 
     @cute.jit
     def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
@@ -423,7 +416,10 @@ class ActQuantExperts(_Quantizer):
         before row0 (an empty expert starts where the next one does, so the last is the one
         with rows, or the last expert for the slack after every expert's rows)."""
         g = self._first_above(pstart, experts, row0) - 1  # pstart[0] = 0 <= row0
-        return row0 - pstart[g], ends[g] - self._end_before(ends, g)
+        start = Int32(0)
+        if g > 0:
+            start = ends[g - 1]
+        return row0 - pstart[g], ends[g] - start
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, offs: cute.Pointer, scales: cute.Pointer,
@@ -434,17 +430,31 @@ class ActQuantExperts(_Quantizer):
         ends = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         pstart = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
-        # ends = cummax(clamp(offs, 0, rows)); `before`: the end before this thread's experts.
-        before = self._running_table(
-            ends, scan, tid, experts,
-            lambda g, j: cutlass.min(cutlass.max(
-                Int32(ld_global_nc_b32(offs.toint() + Int64(g) * 4)), Int32(0)), rows), True)
-        # pstart: the sum of round_up(rows, 128) over the experts before each (from this
-        # thread's own ends: no barrier needed).
-        self._running_table(
-            pstart, scan, tid, experts,
-            lambda g, j: (ends[g] - (before if j == 0 else ends[g - 1]) + 127) // 128 * 128,
-            False, exclusive=True)
+        # Written out, not through _running_sum and _end_before: the pstart pass is fused into
+        # the ends pass, and a version through helpers was 0.2-0.8 us slower per call on the
+        # H100 (docs/lab_notebook.md, thirtieth session); this is the shipped cubin.
+        first = tid * EXPERTS_PER_THREAD
+        # ends: clamp, then the running max within this thread's experts, then across threads.
+        run = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            v = Int32(0)
+            if first + j < experts:
+                v = cutlass.min(cutlass.max(
+                    Int32(ld_global_nc_b32(offs.toint() + Int64(first + j) * 4)), Int32(0)), rows)
+            run = cutlass.max(run, v)
+            ends[first + j] = run
+        carry = self._block_scan(scan, tid, run, True)
+        before = carry  # ends[first - 1]: the last end before this thread's experts
+        total = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            e = cutlass.max(ends[first + j], carry)
+            ends[first + j] = e
+            pstart[first + j] = total
+            total = total + (e - before + 127) // 128 * 128
+            before = e
+        carry = self._block_scan(scan, tid, total, False)
+        for j in range(EXPERTS_PER_THREAD):
+            pstart[first + j] = pstart[first + j] + carry
         cute.arch.sync_threads()
 
         bidx, _, _ = cute.arch.block_idx()
@@ -459,7 +469,10 @@ class ActQuantExperts(_Quantizer):
             if lo >= experts:
                 st_global_v2(a_addr, Uint32(0), Uint32(0))  # no expert's row: codes 0
             else:
-                prow = pstart[lo] + r - self._end_before(ends, lo)
+                start = Int32(0)
+                if lo > 0:
+                    start = ends[lo - 1]
+                prow = pstart[lo] + r - start
                 gs = ld_global_nc_f32(scales.toint() + Int64(lo) * 4)
                 self._block(x_addr, gs, a_addr, sfa.toint() + Int64(_blocked_offset(prow, j, k)))
 
@@ -506,10 +519,10 @@ class ActQuantMasked(_Quantizer):
         total = blocks
         if masked:
             # vend: the running sum of clamp(masked_m, 0, max_m) * kb.
-            self._running_table(
+            self._running_sum(
                 vend, scan, tidx, experts,
-                lambda g, j: cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
-                    masked_m.toint() + Int64(g) * 4)), Int32(0)), max_m) * kb, False)
+                lambda g: cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
+                    masked_m.toint() + Int64(g) * 4)), Int32(0)), max_m) * kb)
             cute.arch.sync_threads()
             total = vend[experts - 1]
 
