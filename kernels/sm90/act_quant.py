@@ -32,7 +32,9 @@ runtime.activations; the experts path 8.2-22.2 us at 512 rows against 171-496 us
 torch path. Shipped (2026-12-06, H200, 08f130e): 43/43 through the runtime, 21 GPU tests,
 7.9-22.9 us at 8-64 tokens x 8 (bench/RESULTS.md). The masked kernel's valid-block walk
 (2026-12-07, H100, 78c4496's build): 33 GPU tests exact, E 32 x max_m 256 x K 7168 with about 8
-rows each 27.6 -> 10.7 us against the walk over every block.
+rows each 27.6 -> 10.7 us against the walk over every block. Its table and walk through
+_running_sum / _end_before (2026-12-07, H100, cubin 7c9db504): 29 GPU tests and every
+act_quant_check case exact, its masked_m calls within 0.6 us of the walk's first form.
 """
 
 from __future__ import annotations
@@ -288,6 +290,31 @@ class _Quantizer:
         return lo
 
     @cute.jit
+    def _end_before(self, table, g) -> Int32:
+        """table[g - 1], the end before entry g of a running table (0 for g = 0)."""
+        start = Int32(0)
+        if g > 0:
+            start = table[g - 1]
+        return start
+
+    @cute.jit
+    def _running_sum(self, table, scan, tid, n, entry) -> None:
+        """table[g] = entry(0) + ... + entry(g) for g < MAX_EXPERTS (entries from n on are 0):
+        EXPERTS_PER_THREAD consecutive entries per thread, a thread-local running sum, then
+        the threads' carries by _block_scan. The caller syncs before other threads read it."""
+        first = tid * EXPERTS_PER_THREAD
+        run = Int32(0)
+        for j in range(EXPERTS_PER_THREAD):
+            v = Int32(0)
+            if first + j < n:
+                v = entry(first + j)
+            run = run + v
+            table[first + j] = run
+        carry = self._block_scan(scan, tid, run, False)
+        for j in range(EXPERTS_PER_THREAD):
+            table[first + j] = table[first + j] + carry
+
+    @cute.jit
     def _fill_chunks(self, sfa, k, qctas, chunks, real_rows) -> None:
         """The CTAs past the quantizing ones: write zeros into every byte of sfa the
         quantizing threads do not, so the caller needs no memset (one graph node less). A
@@ -403,6 +430,9 @@ class ActQuantExperts(_Quantizer):
         ends = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         pstart = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS), 16)
         scan = smem.allocate_tensor(Int32, cute.make_layout(THREADS // 32), 16)
+        # Written out, not through _running_sum and _end_before: the pstart pass is fused into
+        # the ends pass, and a version through helpers was 0.2-0.8 us slower per call on the
+        # H100 (docs/lab_notebook.md, thirtieth session); this is the shipped cubin.
         first = tid * EXPERTS_PER_THREAD
         # ends: clamp, then the running max within this thread's experts, then across threads.
         run = Int32(0)
@@ -488,19 +518,11 @@ class ActQuantMasked(_Quantizer):
         masked = masked_m.toint() != Int64(0)
         total = blocks
         if masked:
-            # vend: the running sum of clamp(masked_m, 0, max_m) * kb, this thread's experts
-            # first, then across threads.
-            first = tidx * EXPERTS_PER_THREAD
-            run = Int32(0)
-            for i in range(EXPERTS_PER_THREAD):
-                if first + i < experts:
-                    m = cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
-                        masked_m.toint() + Int64(first + i) * 4)), Int32(0)), max_m)
-                    run = run + m * kb
-                vend[first + i] = run
-            carry = self._block_scan(scan, tidx, run, False)
-            for i in range(EXPERTS_PER_THREAD):
-                vend[first + i] = vend[first + i] + carry
+            # vend: the running sum of clamp(masked_m, 0, max_m) * kb.
+            self._running_sum(
+                vend, scan, tidx, experts,
+                lambda g: cutlass.min(cutlass.max(Int32(ld_global_nc_b32(
+                    masked_m.toint() + Int64(g) * 4)), Int32(0)), max_m) * kb)
             cute.arch.sync_threads()
             total = vend[experts - 1]
 
@@ -514,13 +536,14 @@ class ActQuantMasked(_Quantizer):
         else:
             v = bidx * THREADS + tidx
             while v < total:
-                e = v // cutlass.max(expert_blocks, Int32(1))
-                off = v - e * expert_blocks
+                e = Int32(0)
+                off = Int32(0)
                 if masked:
                     e = self._first_above(vend, experts, v)
-                    off = v
-                    if e > 0:
-                        off = v - vend[e - 1]
+                    off = v - self._end_before(vend, e)
+                else:
+                    e = v // cutlass.max(expert_blocks, Int32(1))
+                    off = v - e * expert_blocks
                 row = off // kb
                 j = off - row * kb
                 r = e * max_m + row
@@ -536,10 +559,7 @@ class ActQuantMasked(_Quantizer):
         """Expert e's valid rows: from the vend table with masked_m, else max_m."""
         m = max_m
         if masked:
-            start = Int32(0)
-            if e > 0:
-                start = vend[e - 1]
-            m = (vend[e] - start) // kb
+            m = (vend[e] - self._end_before(vend, e)) // kb
         return m
 
 
