@@ -274,20 +274,29 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     assert len(tiers) == 35 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
     assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 64}
     # The tiny tier: at most 4 rows per expert on average at E >= 32, 8 on the short-K layers
-    # where it measured faster (shapes.yaml, thirtieth session).
+    # and 6 on DeepSeek-V3 EP8 gate-up, where it measured faster (shapes.yaml, thirtieth and
+    # thirty-first sessions).
     tiny = [s for s in tiers if s.name.endswith("_tiny")]
-    assert len(tiny) == 11 and all(s.max_m in (4 * len(s.groups), 8 * len(s.groups))
-                                   and s.max_m >= 128 for s in tiny)
-    assert sorted(s.name for s in tiny if s.max_m == 8 * len(s.groups)) == [
-        "qwen3_235b_down_e128_tiny", "qwen3_235b_down_e16_tiny", "qwen3_30b_down_tiny",
-        "qwen3_30b_gateup_tiny"]
+    per_expert = {s.name: s.max_m / len(s.groups) for s in tiny}
+    assert len(tiny) == 11 and all(s.max_m >= 128 for s in tiny)
+    assert sorted(n for n, r in per_expert.items() if r != 4) == [
+        "dsv3_gateup_e32_tiny", "qwen3_235b_down_e128_tiny", "qwen3_235b_down_e16_tiny",
+        "qwen3_30b_down_tiny", "qwen3_30b_gateup_tiny"]
+    assert per_expert["dsv3_gateup_e32_tiny"] == 6
+    assert {r for n, r in per_expert.items() if n != "dsv3_gateup_e32_tiny"} == {4, 8}
     gptoss += tiers  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
-    # Two layers, each with a prefill, a mid (max_m 64) and a decode set (max_m 16).
-    assert len(masked) == 6 and all(s.archs == ("sm_90a",) for s in masked)
-    assert sorted(s.max_m for s in masked if s.max_m) == [16, 16, 64, 64]
+    # Two layers, each with a prefill, a mid (max_m 64), a decode (max_m 24 down, 16 gate-up)
+    # and a tiny set (max_m 8, inline_a).
+    assert len(masked) == 8 and all(s.archs == ("sm_90a",) for s in masked)
+    assert sorted((s.name, s.max_m) for s in masked if s.max_m) == [
+        ("dsv3_down_e32_masked_decode", 24), ("dsv3_down_e32_masked_mid", 64),
+        ("dsv3_down_e32_masked_tiny", 8), ("dsv3_gateup_e32_masked_decode", 16),
+        ("dsv3_gateup_e32_masked_mid", 64), ("dsv3_gateup_e32_masked_tiny", 8)]
+    assert all(bool(dict(s.builds[0].options).get("inline_a")) == s.name.endswith("_tiny")
+               for s in masked)
     for s in sets.values():
         assert s.archs == ("sm_90a", "sm_100a")
         assert {b.arch: b.acc_stages for b in s.builds} == {"sm_90a": (1,), "sm_100a": (1, 2)}
