@@ -99,8 +99,8 @@ def test_tile_m_112_fits_with_five_a_slots() -> None:
     ({"tile_m": 256, "tile_n": 192, "a_slots": 2},
      "tile_m 256 needs tile_n 128 (two consumer warpgroups hold its accumulator), but got "
      "tile_n 192"),
-    ({"tile_m": 104}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 104"),
-    ({"tile_m": 24}, "tile_m must be one of [16, 32, 64, 80, 96, 112, 128, 256], but got 24"),
+    ({"tile_m": 104}, "tile_m must be one of [16, 32, 48, 64, 80, 96, 112, 128, 256], but got 104"),
+    ({"tile_m": 24}, "tile_m must be one of [16, 32, 48, 64, 80, 96, 112, 128, 256], but got 24"),
     ({"patch_ahead": 1}, "patch_ahead must be true or false, but got 1"),
     ({"patch_ahead": False},
      "patch_ahead must be true (the kernel has no other path: patching at each tile's start "

@@ -269,10 +269,12 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # other many-expert layers and the tile_m 16 tier at E >= 128: Hopper tile sizes, bounded T.
     tiers = [sets.pop(n) for n in [n for n, s in sets.items()
                                    if not dict(s.builds[0].options).get("masked")
-                                   and (n.endswith(("_mid", "_tiny"))
+                                   and (n.endswith(("_mid", "_mid48", "_tiny"))
                                         or (n.endswith("_decode") and s.archs == ("sm_90a",)))]]
-    assert len(tiers) == 35 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
-    assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 64}
+    assert len(tiers) == 36 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 48, 64}
+    assert [s.name for s in tiers if dict(s.builds[0].options)["tile_m"] == 48] == [
+        "qwen3_235b_gateup_e128_mid48"]
     # The tiny tier: at most 4 rows per expert on average at E >= 32, 8 on the short-K layers
     # and 6 on DeepSeek-V3 EP8 gate-up, where it measured faster (shapes.yaml, thirtieth and
     # thirty-first sessions).

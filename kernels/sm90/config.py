@@ -25,9 +25,10 @@ ACC_STAGES = (1,)
 # Output rows (tokens) per CTA tile = the wgmma N. 256 (tile_n 128 only: its 128-register
 # accumulator needs two consumer warpgroups' register share) converts each weight tile once for
 # up to 256 tokens; 80..112 fit a set's m with fewer padded MMA rows (docs/lab_notebook.md,
-# tenth session); 16 and 32 suit decode's few tokens per expert (issue 27). Multiples of 16
-# only: the DSL aborts the process compiling 88, 104 or 120.
-TILE_MS = (16, 32, 64, 80, 96, 112, 128, 256)
+# tenth session); 16 and 32 suit decode's few tokens per expert (issue 27), 48 the calls
+# between the decode and mid tiers (thirty-first session). Multiples of 16 only: the DSL aborts
+# the process compiling 88, 104 or 120.
+TILE_MS = (16, 32, 48, 64, 80, 96, 112, 128, 256)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 runs 1.5x the
 # converting warps and gets 1.5x the MMA work out of every fp16 A tile loaded. 256 (decode
 # tiles only: their small accumulator fits the 104 registers a 640-thread CTA gives) puts four
