@@ -120,7 +120,7 @@ def test_tile_m_112_fits_with_five_a_slots() -> None:
      f"bytes)"),
     ({"tile_n": 320}, "tile_n must be one of [128, 192, 256], but got 320"),
     ({"tile_n": 256},
-     "tile_n 256 needs tile_m at most 32 (four consumer warpgroups get 104 registers each, "
+     "tile_n 256 needs tile_m at most 64 (four consumer warpgroups get 104 registers each, "
      "room for a small accumulator only), but got tile_m 128"),
     ({"tile_n": 256, "tile_m": 32, "stream_a": True},
      "tile_n 256 needs stream_a: false (its stager warps need registers the four consumer "

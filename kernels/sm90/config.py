@@ -30,11 +30,12 @@ ACC_STAGES = (1,)
 # the process compiling 88, 104 or 120.
 TILE_MS = (16, 32, 48, 64, 80, 96, 112, 128, 256)
 # Output columns (weight rows) per CTA tile: one consumer warpgroup per 64. 192 runs 1.5x the
-# converting warps and gets 1.5x the MMA work out of every fp16 A tile loaded. 256 (decode
-# tiles only: their small accumulator fits the 104 registers a 640-thread CTA gives) puts four
-# converting warps on each scheduler to hide the conversion chain's latency.
+# converting warps and gets 1.5x the MMA work out of every fp16 A tile loaded. 256 (tiles of up
+# to 64 rows: their accumulator fits the 104 registers a 640-thread CTA gives; the build's
+# stack-frame guard says so, thirty-first session) puts four converting warps on each scheduler
+# to hide the conversion chain's latency.
 TILE_NS = (128, 192, 256)
-TILE_N_WIDE_MAX_M = 32
+TILE_N_WIDE_MAX_M = 64
 # inline_a: two converter warps (one storer warp left) take turns at a tile's 256-K stages of
 # A, a lane loading one row's chunk h of each 64-K step for each INLINE_A_ROWS rows of the tile
 # (two lanes per row); tile_m past INLINE_A_MAX_M would need more registers.
