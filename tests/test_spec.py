@@ -271,13 +271,13 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
                                    if not dict(s.builds[0].options).get("masked")
                                    and (n.endswith(("_mid", "_mid48", "_tiny"))
                                         or (n.endswith("_decode") and s.archs == ("sm_90a",)))]]
-    assert len(tiers) == 40 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert len(tiers) == 41 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
     assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 48, 64}
-    # The 48-row tiers (thirty-first session): 48 x 192 on Qwen3-235B gate-up, 48 x 256 on the
-    # others; the mid tiers at 64 x 256 where that won.
+    # The 48-row tiers (thirty-first session): 48 x 192 on Qwen3-235B gate-up and gpt-oss down,
+    # 48 x 256 on the others; the mid tiers at 64 x 256 where that won.
     assert sorted(s.name for s in tiers if dict(s.builds[0].options)["tile_m"] == 48) == [
         "dsv3_down_e256_mid48", "dsv3_down_e32_mid48", "dsv3_gateup_e256_mid48",
-        "qwen3_235b_down_e128_mid48", "qwen3_235b_gateup_e128_mid48"]
+        "gptoss_down_mid48", "qwen3_235b_down_e128_mid48", "qwen3_235b_gateup_e128_mid48"]
     assert sorted(s.name for s in tiers if dict(s.builds[0].options)["tile_m"] == 64
                   and dict(s.builds[0].options)["tile_n"] == 256) == [
         "dsv3_down_e256_mid", "dsv3_gateup_e256_mid", "qwen3_235b_down_e128_mid",
@@ -297,12 +297,12 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
-    # Two layers, each with a prefill, a mid (max_m 64), a decode (max_m 24 down, 16 gate-up)
-    # and a tiny set (max_m 8, inline_a).
+    # Two layers, each with a prefill, a mid (max_m 64), a decode (max_m 24; 48 x 256 on
+    # gate-up) and a tiny set (max_m 8, inline_a).
     assert len(masked) == 8 and all(s.archs == ("sm_90a",) for s in masked)
     assert sorted((s.name, s.max_m) for s in masked if s.max_m) == [
         ("dsv3_down_e32_masked_decode", 24), ("dsv3_down_e32_masked_mid", 64),
-        ("dsv3_down_e32_masked_tiny", 8), ("dsv3_gateup_e32_masked_decode", 16),
+        ("dsv3_down_e32_masked_tiny", 8), ("dsv3_gateup_e32_masked_decode", 24),
         ("dsv3_gateup_e32_masked_mid", 64), ("dsv3_gateup_e32_masked_tiny", 8)]
     assert all(bool(dict(s.builds[0].options).get("inline_a")) == s.name.endswith("_tiny")
                for s in masked)
