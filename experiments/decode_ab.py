@@ -34,6 +34,34 @@ from bench_models import (
 import runtime
 
 
+def variant_graphs(gg, rt, variants: list, inputs: list[dict], w_of: list,
+                   first: torch.Tensor, rows: int, out_shape: tuple) -> tuple[list, list]:
+    """Each variant's kernel launched directly (as bench_models' "own kernel"), one graph per
+    input set (set j with weights w_of[j]), and its outputs. `first` is the kernel's first
+    operand (offs, or masked_m for a masked kernel); `rows` the plan's T (E * max_m masked)."""
+    all_graphs, outs = [], []
+    for v in variants:
+        entry = next(e for e in gg.kernels if e.name == v.entry)
+        op = rt.offsets_plan(entry, v.experts, v.n, v.k, rows)
+        o_list = [torch.empty(out_shape, dtype=torch.bfloat16, device="cuda") for _ in inputs]
+
+        def launch(i, w, o, op=op):
+            rt.launch_offsets(op, (first.data_ptr(), i["a"].data_ptr(), w.b.data_ptr(),
+                                   i["sfa"].data_ptr(), w.sfb.data_ptr(), o.data_ptr()), 0)
+
+        all_graphs.append([capture(lambda i=i, w=w, o=o: launch(i, w, o))
+                           for i, w, o in zip(inputs, w_of, o_list)])
+        outs.append(o_list)
+    return all_graphs, outs
+
+
+def cells(variants: list, times: list[float], same: list[bool]) -> str:
+    """One result line's cells: each variant's name (after the set's last underscore), its
+    median us, and DIFF where its output differed."""
+    return "  ".join(f"{v.set.rsplit('_', 1)[1]} {t:7.1f}{'' if s else ' DIFF'}"
+                     for v, t, s in zip(variants, times, same))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--artifacts", default=".artifacts_ab")
@@ -56,32 +84,17 @@ def main() -> int:
             n_sets = input_sets(layer_weight_bytes(base), rows * base.k // 2)
             inputs = [make_inputs(base, counts, 100 + i) for i in range(n_sets)]
             offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
-            all_graphs, outs = [], []
-            for v in variants:
-                entry = next(e for e in gg.kernels if e.name == v.entry)
-                op = rt.offsets_plan(entry, v.experts, v.n, v.k, rows)
-                o_list = [torch.empty(rows, v.n, dtype=torch.bfloat16, device="cuda")
-                          for _ in inputs]
-
-                def launch(i, w, o, op=op):
-                    rt.launch_offsets(op, (offs.data_ptr(), i["a"].data_ptr(), w.b.data_ptr(),
-                                           i["sfa"].data_ptr(), w.sfb.data_ptr(),
-                                           o.data_ptr()), 0)
-
-                all_graphs.append([capture(lambda i=i, w=w, o=o: launch(i, w, o))
-                                   for j, (i, o) in enumerate(zip(inputs, o_list))
-                                   for w in [wsets[j % len(wsets)]]])
-                outs.append(o_list)
+            w_of = [wsets[j % len(wsets)] for j in range(len(inputs))]
+            all_graphs, outs = variant_graphs(gg, rt, variants, inputs, w_of, offs, rows,
+                                              (rows, base.n))
             times = time_interleaved(all_graphs, args.reps)
             for gs in all_graphs:
                 gs[-1].replay()
             torch.cuda.synchronize()
             same = [torch.equal(o[-1], outs[0][-1]) for o in outs]
-            cells = "  ".join(f"{v.set.rsplit('_', 1)[1]} {t:7.1f}{'' if s else ' DIFF'}"
-                              for v, t, s in zip(variants, times, same))
             line = (f"{name:4s} E {base.experts:3d} N {base.n:5d} K {base.k:5d} tokens "
                     f"{tokens:4d} x {min(args.topk, base.experts)} (max/expert {max(counts)}): "
-                    f"{cells}")
+                    f"{cells(variants, times, same)}")
             print(line, flush=True)
             lines.append(line)
             del all_graphs, outs, inputs

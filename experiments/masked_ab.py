@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
     sys.path.insert(0, str(p))
 
-from bench_grouped import capture, time_interleaved
+from bench_grouped import time_interleaved
 from bench_masked import make_masked_inputs, masked_counts
 from bench_models import (
     Layer,
@@ -33,6 +33,7 @@ from bench_models import (
     time_grouped_mm,
     weight_sets,
 )
+from decode_ab import cells, variant_graphs
 
 import runtime
 from runtime.dispatch import dynamic_groups
@@ -74,21 +75,8 @@ def main() -> int:
             masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
             offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
             _, theirs = time_grouped_mm(inputs, w_of, offs, 3)
-            all_graphs, outs = [], []
-            for v in variants:
-                entry = next(x for x in gg.kernels if x.name == v.entry)
-                op = rt.offsets_plan(entry, e, n, k, e * max_m)
-                o_list = [torch.empty(e, max_m, n, dtype=torch.bfloat16, device="cuda")
-                          for _ in inputs]
-
-                def launch(i, w, o, op=op):
-                    rt.launch_offsets(op, (masked_m.data_ptr(), i["a"].data_ptr(),
-                                           w.b.data_ptr(), i["sfa"].data_ptr(),
-                                           w.sfb.data_ptr(), o.data_ptr()), 0)
-
-                all_graphs.append([capture(lambda i=i, w=w, o=o: launch(i, w, o))
-                                   for i, w, o in zip(inputs, w_of, o_list)])
-                outs.append(o_list)
+            all_graphs, outs = variant_graphs(gg, rt, variants, inputs, w_of, masked_m,
+                                              e * max_m, (e, max_m, n))
             times = time_interleaved(all_graphs, args.reps)
             same = []
             for gs, o_list in zip(all_graphs, outs):
@@ -97,10 +85,8 @@ def main() -> int:
                 same.append(torch.equal(torch.cat([last[g, :m] for g, m in enumerate(counts)]),
                                         theirs))
             ok = ok and all(same)
-            cells = "  ".join(f"{v.set.rsplit('_', 1)[1]} {t:7.1f}{'' if s else ' DIFF'}"
-                              for v, t, s in zip(variants, times, same))
             line = (f"{name:3s} E {e:3d} N {n:5d} K {k:5d} max_m {max_m:4d} (valid {sum(counts)}, "
-                    f"max {max(counts)}): {cells}")
+                    f"max {max(counts)}): {cells(variants, times, same)}")
             print(line, flush=True)
             lines.append(line)
             del all_graphs, outs, inputs
