@@ -319,7 +319,22 @@ def test_the_decode_summary_counts_issue_27s_marks_over_decode_sized_cases() -> 
             row(64, 128, 100.0, 69.0, 249.0, 99.0, cold=False),
             row(8, 8, 10.0, 7.0, 25.0, float("nan"))]  # no fp8 time: not faster
     assert bm.decode_summary(rows) == (
-        "decode-sized cases (<= 32 rows per expert): 3; >= 70% of the fp4-bytes floor: 2; "
-        ">= 2.5x _grouped_mm: 2; faster than fp8 row-wise: 1; 1 with weights partly L2-warm")
+        "decode-sized cases (<= 32 rows per expert): 3 distinct calls; >= 70% of the fp4-bytes "
+        "floor: 2; >= 2.5x _grouped_mm: 2; faster than fp8 row-wise: 1; 1 with weights partly "
+        "L2-warm")
     assert bm.decode_summary(rows[1:2]) == ("decode-sized cases (<= 32 rows per expert): none "
                                             "in this run")
+
+
+def test_the_decode_summary_counts_a_call_timed_through_several_tier_sets_once() -> None:
+    def row(set_name, n, rows, ours):
+        return {"set": set_name, "experts": 32, "n": n, "k": 2048, "rows": rows, "ours_us": ours,
+                "fp4_floor_us": 80.0, "grouped_mm_us": 300.0, "fp8_us": 150.0}
+
+    # The layer's base set and its tiny set time the same call (counted once, by the first
+    # row: 100 us, at 80%); another N or another row count is another call.
+    rows = [row("lay", 7168, 512, 100.0), row("lay_tiny", 7168, 512, 200.0),
+            row("lay", 4096, 512, 200.0), row("lay_tiny", 7168, 256, 100.0)]
+    assert bm.decode_summary(rows) == (
+        "decode-sized cases (<= 32 rows per expert): 3 distinct calls; >= 70% of the fp4-bytes "
+        "floor: 2; >= 2.5x _grouped_mm: 2; faster than fp8 row-wise: 2")
