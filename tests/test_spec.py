@@ -298,11 +298,11 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
-    # Two layers, each with a prefill, a mid (max_m 64), a decode (max_m 24; 48 x 256 on
-    # gate-up) and a tiny set (max_m 8, inline_a).
+    # Two layers, each with a prefill, a mid (max_m 64), a decode (max_m 20 down, 24 gate-up at
+    # 48 x 256) and a tiny set (max_m 8, inline_a).
     assert len(masked) == 8 and all(s.archs == ("sm_90a",) for s in masked)
     assert sorted((s.name, s.max_m) for s in masked if s.max_m) == [
-        ("dsv3_down_e32_masked_decode", 24), ("dsv3_down_e32_masked_mid", 64),
+        ("dsv3_down_e32_masked_decode", 20), ("dsv3_down_e32_masked_mid", 64),
         ("dsv3_down_e32_masked_tiny", 8), ("dsv3_gateup_e32_masked_decode", 24),
         ("dsv3_gateup_e32_masked_mid", 64), ("dsv3_gateup_e32_masked_tiny", 8)]
     assert all(bool(dict(s.builds[0].options).get("inline_a")) == s.name.endswith("_tiny")
