@@ -52,10 +52,24 @@ def variant_graphs(gg, rt, variants: list, inputs: list[dict], w_of: list,
             rt.launch_offsets(op, (first.data_ptr(), i["a"].data_ptr(), w.b.data_ptr(),
                                    i["sfa"].data_ptr(), w.sfb.data_ptr(), o.data_ptr()), 0)
 
-        all_graphs.append([capture(lambda i=i, w=w, o=o: launch(i, w, o))
+        all_graphs.append([capture(lambda i=i, w=w, o=o, launch=launch: launch(i, w, o))
                            for i, w, o in zip(inputs, w_of, o_list)])
         outs.append(o_list)
     return all_graphs, outs
+
+
+def ab_case(gg, rt, variants: list, inputs: list[dict], w_of: list, first: torch.Tensor,
+            rows: int, out_shape: tuple, reps: int, theirs: torch.Tensor,
+            valid=lambda out: out) -> tuple[list[float], list[bool]]:
+    """One A/B case: each variant's graphs (variant_graphs), their replays interleaved
+    (median us per variant), and whether each variant's last output, written by its graph
+    alone (NaN first), has `valid` rows equal to `theirs` (torch._grouped_mm's on the same
+    values: the kernels are exact)."""
+    all_graphs, outs = variant_graphs(gg, rt, variants, inputs, w_of, first, rows, out_shape)
+    times = time_interleaved(all_graphs, reps)
+    same = [torch.equal(valid(fresh_replay(gs[-1], o[-1])), theirs)
+            for gs, o in zip(all_graphs, outs)]
+    return times, same
 
 
 def cells(variants: list, times: list[float], same: list[bool]) -> str:
@@ -89,20 +103,15 @@ def main() -> int:
             offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
             w_of = [wsets[j % len(wsets)] for j in range(len(inputs))]
             _, theirs = time_grouped_mm(inputs, w_of, offs, 3)
-            all_graphs, outs = variant_graphs(gg, rt, variants, inputs, w_of, offs, rows,
-                                              (rows, base.n))
-            times = time_interleaved(all_graphs, args.reps)
-            # Each variant's last output written by its graph alone (NaN first), against
-            # torch._grouped_mm's on the same values (the kernels are exact).
-            same = [torch.equal(fresh_replay(gs[-1], o[-1]), theirs)
-                    for gs, o in zip(all_graphs, outs)]
+            times, same = ab_case(gg, rt, variants, inputs, w_of, offs, rows, (rows, base.n),
+                                  args.reps, theirs)
             ok = ok and all(same)
             line = (f"{name:4s} E {base.experts:3d} N {base.n:5d} K {base.k:5d} tokens "
                     f"{tokens:4d} x {min(args.topk, base.experts)} (max/expert {max(counts)}): "
                     f"{cells(variants, times, same)}")
             print(line, flush=True)
             lines.append(line)
-            del all_graphs, outs, inputs
+            del inputs
             torch.cuda.empty_cache()
         del wsets
     print("\n" + "\n".join(lines))

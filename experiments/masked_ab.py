@@ -22,18 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 for p in (ROOT, ROOT / "bench", ROOT / "scripts"):
     sys.path.insert(0, str(p))
 
-from bench_grouped import time_interleaved
 from bench_masked import make_masked_inputs, masked_counts
 from bench_models import (
     Layer,
     Weights,
-    fresh_replay,
     input_sets,
     layer_weight_bytes,
     time_grouped_mm,
     weight_sets,
 )
-from decode_ab import cells, variant_graphs
+from decode_ab import ab_case, cells
 
 import runtime
 from runtime.dispatch import dynamic_groups
@@ -75,21 +73,15 @@ def main() -> int:
             masked_m = torch.tensor(counts, dtype=torch.int32, device="cuda")
             offs = torch.tensor(counts, dtype=torch.int64).cumsum(0).to(torch.int32).cuda()
             _, theirs = time_grouped_mm(inputs, w_of, offs, 3)
-            all_graphs, outs = variant_graphs(gg, rt, variants, inputs, w_of, masked_m,
-                                              e * max_m, (e, max_m, n))
-            times = time_interleaved(all_graphs, args.reps)
-            same = []
-            for gs, o_list in zip(all_graphs, outs):
-                last = fresh_replay(gs[-1], o_list[-1])
-                torch.cuda.synchronize()
-                same.append(torch.equal(torch.cat([last[g, :m] for g, m in enumerate(counts)]),
-                                        theirs))
+            times, same = ab_case(
+                gg, rt, variants, inputs, w_of, masked_m, e * max_m, (e, max_m, n), args.reps,
+                theirs, valid=lambda out: torch.cat([out[g, :m] for g, m in enumerate(counts)]))
             ok = ok and all(same)
             line = (f"{name:3s} E {e:3d} N {n:5d} K {k:5d} max_m {max_m:4d} (valid {sum(counts)}, "
                     f"max {max(counts)}): {cells(variants, times, same)}")
             print(line, flush=True)
             lines.append(line)
-            del all_graphs, outs, inputs
+            del inputs
             torch.cuda.empty_cache()
         del wsets
     print("\n" + "\n".join(lines))
