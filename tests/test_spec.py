@@ -294,7 +294,19 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         "qwen3_30b_gateup_tiny"]
     assert per_expert["dsv3_gateup_e32_tiny"] == per_expert["dsv3_down_e32_tiny"] == 6
     assert {r for n, r in per_expert.items() if "_e32_" not in n} == {4, 8}
-    gptoss += tiers  # one arch each, as gpt-oss
+    # The one-token tier (thirty-second session): bounded so that its experts' tiles, at most
+    # max_m x ceil(N / tile_n) (max_m rows hit at most max_m experts), fit one wave of 132 SMs.
+    micro = [sets.pop(n) for n in [n for n in sets if "_micro" in n]]
+    assert sorted((s.name, s.max_m) for s in micro) == [
+        ("gptoss_down_micro", 4), ("gptoss_down_micro192", 8), ("mixtral_down_micro", 4),
+        ("qwen3_30b_down_micro", 8), ("qwen3_30b_gateup_micro", 8)]
+    for s in micro:
+        opts = dict(s.builds[0].options)
+        assert s.archs == ("sm_90a",) and opts["tile_m"] == 16 and opts["inline_a"] is True
+        assert min(s.max_m, len(s.groups)) * -(-s.groups[0][0] // opts["tile_n"]) <= 132, s.name
+        # narrower than the tiny tier's 256 columns, which serves the rows past max_m
+        assert opts["tile_n"] < 256
+    gptoss += tiers + micro  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
