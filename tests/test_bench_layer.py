@@ -4,6 +4,7 @@ table, and that the script answers --help without a GPU."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,33 @@ def test_rel_err_flags_wrong_results_and_nan() -> None:
     assert not (nan <= bl.ERR_LIMIT)  # the fault test of step_case
 
 
+def test_worst_expert_err_catches_one_bad_expert_and_any_nan() -> None:
+    ref = torch.ones(1000, 4)
+    good = ref * 1.1
+    # One expert's 17 rows wrong out of 1000: one norm over the whole output says 0.28 and
+    # would pass; the worst expert says 2.0.
+    bad = good.clone()
+    bad[980:997] = -1.0
+    counts = [980, 0, 17, 3]
+    assert abs(bl.worst_expert_err(good, ref, counts) - 0.1) < 1e-6
+    assert abs(bl.worst_expert_err(bad, ref, counts) - 2.0) < 1e-6
+    assert not bl.is_fault(bl.rel_err(bad, ref)) and bl.is_fault(bl.worst_expert_err(bad, ref, counts))
+    nan = good.clone()
+    nan[998, 1] = float("nan")  # in the last expert: a plain max() of errors could drop it
+    assert math.isnan(bl.worst_expert_err(nan, ref, counts))
+    assert bl.is_fault(float("nan")) and bl.is_fault(0.36) and not bl.is_fault(0.35)
+    assert bl.worst_expert_err(ref, ref, [0, 0]) == 0.0  # no expert with rows
+
+
+def test_default_models_leave_out_the_test_sized_layers() -> None:
+    layers = [QWEN_UP, QWEN_DOWN, layer("ep8_gateup", 8, 1024, 512), layer("ep8_down", 8, 512, 512),
+              layer("ep_e8_gateup", 8, 1024, 1024), layer("ep_e8_down", 8, 1024, 512)]
+    models = bl.pair_models(layers)
+    assert [m.name for m in models] == ["qwen3_30b", "ep8", "ep_e8"]
+    assert [m.name for m in bl.select_models(models, None)] == ["qwen3_30b"]
+    assert [m.name for m in bl.select_models(models, ["ep8"])] == ["ep8"]
+
+
 def test_table_rows() -> None:
     row = {"model": "qwen3_30b", "experts": 128, "tokens": 8, "topk": 8, "ours_us": 100.0,
            "gemms_us": 80.0, "bf16_us": 250.0, "fp8_us": 150.0, "floor_us": 70.0, "err": 0.12,
@@ -90,6 +118,7 @@ def test_table_rows() -> None:
     assert lines[2] == ("| qwen3_30b (128) | 8 x 8 | 100.0 | 80.0 | 250.0 | 150.0 | 2.50 | 1.50 "
                         "| 70.0 | 70 | 0.120 |")
     assert lines[3].endswith("| 1.400 FAULT |")
+    assert bl.table([{**row, "l2_warm": True}]).splitlines()[2].endswith("| 0.120 L2-warm |")
 
 
 def test_help_runs_without_a_gpu() -> None:

@@ -153,7 +153,8 @@ def serving_counts(gg: runtime.GroupedGemm, e: KernelEntry, pad: int = 0) -> lis
     if max_m is not None and sum(counts) + pad > max_m:
         counts = [c * (max_m - pad) // sum(counts) for c in counts]
         if not any(counts):  # a one-token set's few rows: two experts with rows
-            counts[1 % experts], counts[2 % experts] = 1, max_m - pad - 1
+            counts[min(1, experts - 1)] += 1
+            counts[min(2, experts - 1)] += max_m - pad - 1
     arch = gg.device_runtime(0).arch
     chosen = select_serving(gg.kernels, arch, experts, n, k, sum(counts) + pad, e.out_dtype)
     bound = dynamic_groups(chosen)[1]

@@ -304,7 +304,8 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         opts = dict(s.builds[0].options)
         assert s.archs == ("sm_90a",) and opts["tile_m"] == 16 and opts["inline_a"] is True
         assert min(s.max_m, len(s.groups)) * -(-s.groups[0][0] // opts["tile_n"]) <= 132, s.name
-        # narrower than the tiny tier's 256 columns, which serves the rows past max_m
+        # narrower than the tiny tier's 256 columns (the next tier up; Mixtral's is its 32 x 192
+        # decode tier)
         assert opts["tile_n"] < 256
     gptoss += tiers + micro  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
