@@ -46,6 +46,10 @@ for s in "${STEPS[@]}"; do
     # MODELS_ARGS: more arguments (--only SETS, --tokens, --compare DIR).
     models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \
         --json "$LOG/models.json" ${MODELS_ARGS:-} ;;
+    # A decode step's whole expert block per model against torch bf16 / fp8 (bench_layer.py;
+    # its review fixes of d302cd4 not yet run on a GPU). LAYER_ARGS: --only MODEL..., --tokens.
+    layer) step layer 400 python bench/bench_layer.py --artifacts artifacts \
+        --json "$LOG/layer.json" ${LAYER_ARGS:-} ;;
     # Not yet run on a GPU (sixteenth session): the masked layout (issue 27).
     masked) step masked 120 python -m pytest -q -rs tests/test_masked_gpu.py ;;
     masked_bench) step masked_bench 300 python bench/bench_masked.py --artifacts artifacts \
