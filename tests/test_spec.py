@@ -298,7 +298,8 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # max_m x ceil(N / tile_n) (max_m rows hit at most max_m experts), fit one wave of 132 SMs.
     micro = [sets.pop(n) for n in [n for n in sets if "_micro" in n]]
     assert sorted((s.name, s.max_m) for s in micro) == [
-        ("gptoss_down_micro", 4), ("gptoss_down_micro192", 8), ("mixtral_down_micro", 4),
+        ("gptoss_down_micro", 4), ("gptoss_down_micro192", 8), ("gptoss_gateup_micro", 4),
+        ("mixtral_down_micro", 4), ("qwen3_235b_gateup_e128_micro", 8),
         ("qwen3_30b_down_micro", 8), ("qwen3_30b_gateup_micro", 8)]
     for s in micro:
         opts = dict(s.builds[0].options)
