@@ -271,7 +271,7 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
                                    if not dict(s.builds[0].options).get("masked")
                                    and (n.endswith(("_mid", "_mid48", "_tiny"))
                                         or (n.endswith("_decode") and s.archs == ("sm_90a",)))]]
-    assert len(tiers) == 43 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
+    assert len(tiers) == 44 and all(s.archs == ("sm_90a",) and s.max_m for s in tiers)
     assert {dict(s.builds[0].options)["tile_m"] for s in tiers} == {16, 32, 48, 64}
     # The 48-row tiers (thirty-first session): 48 x 192 on Qwen3-235B gate-up and gpt-oss down,
     # 48 x 256 on the others; the mid tiers at 64 x 256 where that won.
@@ -288,9 +288,10 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
     # thirty-first sessions).
     tiny = [s for s in tiers if s.name.endswith("_tiny")]
     per_expert = {s.name: s.max_m / len(s.groups) for s in tiny}
-    assert len(tiny) == 12 and all(s.max_m >= 128 or "mixtral" in s.name for s in tiny)
+    assert len(tiny) == 13 and all(s.max_m >= 128 or "mixtral" in s.name for s in tiny)
     assert sorted(n for n, r in per_expert.items() if r != 4) == [
-        "dsv3_down_e32_tiny", "dsv3_gateup_e32_tiny", "qwen3_235b_down_e128_tiny", "qwen3_235b_down_e16_tiny", "qwen3_30b_down_tiny",
+        "dsv3_down_e32_tiny", "dsv3_gateup_e32_tiny", "qwen3_235b_down_e128_tiny",
+        "qwen3_235b_down_e16_tiny", "qwen3_235b_gateup_e16_tiny", "qwen3_30b_down_tiny",
         "qwen3_30b_gateup_tiny"]
     assert per_expert["dsv3_gateup_e32_tiny"] == per_expert["dsv3_down_e32_tiny"] == 6
     assert {r for n, r in per_expert.items() if "_e32_" not in n} == {4, 8}
