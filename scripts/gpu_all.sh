@@ -47,7 +47,7 @@ for s in "${STEPS[@]}"; do
     models) step models 580 python bench/bench_models.py --artifacts artifacts --reps 50 \
         --json "$LOG/models.json" ${MODELS_ARGS:-} ;;
     # A decode step's whole expert block per model against torch bf16 / fp8 (bench_layer.py;
-    # its review fixes of d302cd4 not yet run on a GPU). LAYER_ARGS: --only MODEL..., --tokens.
+    # about 15 s on an H100). LAYER_ARGS: --only MODEL..., --tokens.
     layer) step layer 400 python bench/bench_layer.py --artifacts artifacts \
         --json "$LOG/layer.json" ${LAYER_ARGS:-} ;;
     # Not yet run on a GPU (sixteenth session): the masked layout (issue 27).
