@@ -67,7 +67,7 @@ for s in "${STEPS[@]}"; do
         --compare "${QUANT_BEFORE:-.artifacts_before}" --reps 30 --json "$LOG/quant_ab.json" \
         ${QUANT_AB_ARGS:-} ;;
     # Issue 27's standing: every model layer at the decode-sized token counts, floors at the
-    # read bandwidth measured in the same run (about 5 minutes on the H200).
+    # read bandwidth measured in the same run (about 70 s on the H200, 2026-12-07).
     standing) step standing 560 python bench/bench_models.py --artifacts artifacts --reps 20 \
         --tokens 64 128 256 512 --json "$LOG/standing.json" ;;
     activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 \
