@@ -148,11 +148,6 @@ def worst(errs: list[float]) -> float:
     return max(errs, default=0.0)
 
 
-def worst_expert_err(x: torch.Tensor, ref: torch.Tensor, counts: list[int]) -> float:
-    """The largest rel_err over the experts with rows, NaN if one is not finite."""
-    return worst(expert_errs(x, ref, counts))
-
-
 def is_fault(err: float) -> bool:
     return not err <= ERR_LIMIT  # NaN too
 
