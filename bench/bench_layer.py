@@ -203,20 +203,20 @@ def step_case(gg: Any, model: Model, tokens: int, copies: list[Copy], reps: int,
         scales.append((torch.full((e,), s1, device="cuda"), torch.full((e,), s2, device="cuda")))
         act8s.append((act.float() * (400 / amax)).to(torch.float8_e4m3fn))
 
-    def ours(j: int) -> torch.Tensor:
-        x, c, (s1, s2) = xs[j], cps[j], scales[j]
-        a, sfa = gg.quantize_experts(x, offs, s1)
-        h = gg.scaled_grouped_mm(a, c.up.b, sfa, c.up.sfb, offs, alpha=s1)
-        a, sfa = gg.quantize_experts(swiglu(h), offs, s2)
-        return gg.scaled_grouped_mm(a, c.down.b, sfa, c.down.sfb, offs, alpha=s2)
-
-    # The operands our GEMMs get in the step, quantized beforehand (the `gemms` column).
-    pre = []
-    for j in range(n_sets):
+    def operands(j: int) -> tuple[torch.Tensor, ...]:
+        """Both GEMMs' quantized inputs: quantize, gate-up, SwiGLU, quantize."""
         x, c, (s1, s2) = xs[j], cps[j], scales[j]
         a1, sfa1 = gg.quantize_experts(x, offs, s1)
         h = gg.scaled_grouped_mm(a1, c.up.b, sfa1, c.up.sfb, offs, alpha=s1)
-        pre.append((a1, sfa1, *gg.quantize_experts(swiglu(h), offs, s2)))
+        return (a1, sfa1, *gg.quantize_experts(swiglu(h), offs, s2))
+
+    def ours(j: int) -> torch.Tensor:
+        _, _, a2, sfa2 = operands(j)
+        c, (_, s2) = cps[j], scales[j]
+        return gg.scaled_grouped_mm(a2, c.down.b, sfa2, c.down.sfb, offs, alpha=s2)
+
+    # The operands our GEMMs get in the step, quantized beforehand (the `gemms` column).
+    pre = [operands(j) for j in range(n_sets)]
 
     def gemms(j: int) -> None:
         c, (s1, s2), (a1, sfa1, a2, sfa2) = cps[j], scales[j], pre[j]
