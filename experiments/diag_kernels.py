@@ -25,9 +25,9 @@ from cutlass.tensor_utils import LayoutEnum
 from kernels import tables
 from kernels.sm90 import compile as sm90_compile
 from kernels.sm90.config import C_ROW_PAD, SUB_K
-from kernels.sm90.dequant import dequant_chunk, scales_w
+from kernels.sm90.dequant import half_step_vectors, scales_w
 from kernels.sm90.epilogue import STORERS
-from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word, permuted_chunk
+from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
 from kernels.sm90.offsets import Sm90OffsetsGemm
 from kernels.sm90.ptx import ld_shared_v4, prmt, select_bits, shl, st_global_v4
@@ -41,19 +41,18 @@ ENV_VARIANT = "NVFP4_DIAG_VARIANT"
 # ---------------------------------------------------------------- the weights' conversion
 class _NoConv:
     """Weight words go to the wgmma fragments unconverted (loads kept): follows
-    WeightFragments._convert_b_half."""
+    WeightFragments._convert_b_step."""
 
     @cute.jit
-    def _convert_b_half(self, words, ct, half: cutlass.Constexpr, loaded) -> None:
-        lo, hi, four = loaded
-        c = (ct % 128) % 4
-        sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
-        both = scales_w(prmt(four, 0, sel))
-        d_lo = [lo ^ both, lo, lo, lo]
-        d_hi = [hi ^ both, hi, hi, hi]
-        for q in cutlass.range_constexpr(4):
-            words[fragment_word(q, half, 0)] = d_lo[q]
-            words[fragment_word(q, half, 1)] = d_hi[q]
+    def _convert_b_step(self, words, loaded) -> None:
+        both = scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
+        for half in cutlass.range_constexpr(2):
+            lo, hi, _ = loaded[half]
+            d_lo = [lo ^ both, lo, lo, lo]
+            d_hi = [hi ^ both, hi, hi, hi]
+            for q in cutlass.range_constexpr(4):
+                words[fragment_word(q, half, 0)] = d_lo[q]
+                words[fragment_word(q, half, 1)] = d_hi[q]
 
 
 def _dequant_word_xor(w, scales) -> list:
@@ -68,36 +67,36 @@ def _dequant_word_xor(w, scales) -> list:
 
 class _NoHmul:
     """The conversion's scale multiplies become XORs: the same instruction count, no fp16
-    math next to the wgmma. Follows WeightFragments._convert_b_half."""
+    math next to the wgmma. Follows WeightFragments._convert_b_step."""
 
     @cute.jit
-    def _convert_b_half(self, words, ct, half: cutlass.Constexpr, loaded) -> None:
-        lo, hi, four = loaded
-        c = (ct % 128) % 4
-        sel = Uint32(c // 2) | (Uint32(2 + c // 2) << Uint32(4))
-        both = scales_w(prmt(four, 0, sel))
-        d_lo = _dequant_word_xor(lo, both)
-        d_hi = _dequant_word_xor(hi, both)
-        for q in cutlass.range_constexpr(4):
-            words[fragment_word(q, half, 0)] = d_lo[q]
-            words[fragment_word(q, half, 1)] = d_hi[q]
+    def _convert_b_step(self, words, loaded) -> None:
+        both = scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
+        for half in cutlass.range_constexpr(2):
+            lo, hi, _ = loaded[half]
+            d_lo = _dequant_word_xor(lo, both)
+            d_hi = _dequant_word_xor(hi, both)
+            for q in cutlass.range_constexpr(4):
+                words[fragment_word(q, half, 0)] = d_lo[q]
+                words[fragment_word(q, half, 1)] = d_hi[q]
 
 
 class _NoLds:
     """The conversion reads no shared memory: its words are made from their addresses (the
-    wgmmas still read A from shared memory). Follows WeightFragments._load_b_half."""
+    wgmmas still read A from shared memory). Follows WeightFragments._load_b_step."""
 
     @cute.jit
-    def _load_b_half(self, ct, s: cutlass.Constexpr, half: cutlass.Constexpr, packed, scales,
-                     scale_row0) -> tuple:
+    def _load_b_step(self, ct, s: cutlass.Constexpr, packed, scales, scale_row0) -> tuple:
         t = ct % 128
         c = t % 4
-        row = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4 + 8 * half
-        base = packed + row * PACKED_ROW_BYTES
-        lo = Uint32(base + 4 * c) ^ Uint32(0x12345678 + s)
-        hi = Uint32(base + 4 * c) ^ Uint32(0x2468ACE1 + s)
-        four = Uint32(scales) ^ Uint32(0x38383838)
-        return lo, hi, four
+        row0 = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4
+        loaded = []
+        for half in cutlass.range_constexpr(2):
+            base = packed + (row0 + 8 * half) * PACKED_ROW_BYTES
+            lo = Uint32(base + 8 * c) ^ Uint32(0x12345678 + s)
+            hi = Uint32(base + 8 * c) ^ Uint32(0x2468ACE1 + s)
+            loaded.append((lo, hi, Uint32(scales) ^ Uint32(0x38 + half)))
+        return tuple(loaded)
 
 
 # ---------------------------------------------------------------- the MMA
@@ -247,15 +246,14 @@ class _StageNoStore:
     @cute.jit
     def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:
         for u in cutlass.range_constexpr(len(words)):
-            outs = dequant_chunk(words[u], scales[u])
-            vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
-                   for q in range(4)}
+            vector = half_step_vectors(words[u], scales[u])
+            vec = {f"v{q}": vector(q) for q in range(4)}
             for r in cutlass.range_constexpr(2):
                 even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]
                 vec[f"r{r}"] = [cute.arch.shuffle_sync_bfly(
                     select_bits(vec[odd_sends][w], vec[even_sends][w], odd), 1)
                     for w in range(4)]
-            if valid(u) and outs[0][0] == Uint32(0x12345678):
+            if valid(u) and vec["v0"][0] == Uint32(0x12345678):
                 for i in cutlass.range_constexpr(4):
                     even_v, odd_v = PAIR_STORES[0][i][1], PAIR_STORES[1][i][1]
                     st_global_v4(dsts[u] + Int64(pair_store_offset(i, tidx % 2)),

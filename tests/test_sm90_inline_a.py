@@ -8,13 +8,14 @@ import pytest
 from conftest import NEEDS_DSL, compile_sm90
 
 from kernels.sm90.config import INLINE_A_MAX_M, Config, check
-from kernels.sm90.fp4_bits import permuted_chunk
+from kernels.sm90.fp4_bits import position_vector
 from kernels.sm90.staging import (
     A_CHUNK_K,
     chunk_addresses,
-    inline_chunk_offsets,
     inline_row_offsets,
     inline_smem_offset,
+    inline_step_offsets,
+    step_of_chunk,
 )
 
 
@@ -32,27 +33,30 @@ def test_inline_a_takes_device_offsets_decode_tiles_only() -> None:
 
 
 @pytest.mark.parametrize("k", [768, 2048, 2880, 7168])
-def test_row_and_chunk_offsets_sum_to_phase_1s_addresses(k: int) -> None:
-    """The converter's (packed, scale) source of row r, chunk kc is phase 1's for the same
-    chunk: split into the per-tile row term and the per-step chunk term."""
+def test_row_and_step_offsets_sum_to_phase_1s_addresses(k: int) -> None:
+    """The converter's (packed, scale word) source of row r, 64-K step ks is phase 1's for
+    either chunk of that step (step_of_chunk): split into the per-tile row term and the
+    per-step term."""
     per_row = k // A_CHUNK_K
     for row in (0, 1, 15, 31, 32, 127, 128, 129, 300, 511):
         for kc in range(per_row):
             src, sf, _ = chunk_addresses(row * per_row + kc, 0, k, lambda: (0, 0, 0))
-            (a_row, sf_row), (a_kc, sf_kc) = inline_row_offsets(row, k), inline_chunk_offsets(kc)
-            assert (a_row + a_kc, sf_row + sf_kc) == (src, sf), (row, kc)
+            (a_row, sf_row), (a_ks, sf_ks) = (inline_row_offsets(row, k),
+                                              inline_step_offsets(kc // 2))
+            assert (a_row + a_ks, sf_row + sf_ks) == step_of_chunk(src, sf, kc % 2), (row, kc)
 
 
 @pytest.mark.parametrize("tile_m", [16, 32])
 def test_smem_offsets_are_tmas_swizzled_box(tile_m: int) -> None:
     """Chunk h, vector q of row r lands where a 128B-swizzled TMA box of the staged fp16 row
-    puts it: the staged row's 16-byte vector 4 h + permuted q at byte 16 (c ^ (r % 8)) of row
-    r's 128 bytes; every byte of the slot is written exactly once."""
+    puts it: the staged row's 16-byte vector 4 h + q at byte 16 (c ^ (r % 8)) of row
+    r's 128 bytes; every byte of the slot is written exactly once. (Lane h of a row converts
+    the words of parity h, which fill vectors 4 h..4 h + 3: fp4_bits.position_vector.)"""
     seen = set()
     for r in range(tile_m):
         for h in range(2):
             for q in range(4):
-                c = 4 * h + permuted_chunk(0, q)[0]  # phase 1's vector in the staged row
+                c = position_vector(h, q)  # phase 1's vector in the staged row
                 linear = r * 128 + 16 * c  # where TMA reads it from in the box
                 swizzled = linear ^ (((linear >> 7) & 7) << 4)  # SWIZZLE_128B
                 offset = inline_smem_offset(r, h, q)

@@ -15,7 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from kernels.sm90.fp4_bits import fragment_word, permuted_chunk
+from kernels.sm90.fp4_bits import (
+    fragment_word,
+    position_vector,
+    position_word,
+    thread_step_bytes,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,33 +55,38 @@ def test_register_and_shared_operands_use_one_k_order() -> None:
             for upper in range(2):
                 for q in range(4):
                     w = fragment_word(q, rowhalf, upper)
-                    for e, phys in enumerate(physical_k_of_pair(c + 4 * upper, q)):
+                    for e, phys in enumerate(physical_k_of_pair(2 * c + upper, q)):
                         row, k = coords[2 * w + e]
                         assert (row, k) not in b_order
                         b_order[(row, k)] = phys
     assert len(b_order) == 128 * 64
-    # A side: thread layout of _dequant_rows for 128 and 64 rows.
-    for rows in (128, 64):
-        words = rows // 32
-        per_row = 8 // words
-        a_order: dict[tuple[int, int], int] = {}
-        for ct in range(256):
-            r, part = divmod(ct, per_row)
-            first = part * words
+    # The 8 packed bytes a B thread loads (thread_step_bytes) are exactly its two words.
+    for s in range(4):
+        for c in range(4):
+            chunk, byte = thread_step_bytes(s, c)
+            assert (chunk - 2 * s) * 16 + byte == 4 * (2 * c)
+            assert byte % 8 == 0  # an aligned 8-byte load
+    # A side: each row's step is converted by two lanes (parity p), position i of lane p
+    # holding word position_word(p, i), its pair q written at byte 4 i of vector
+    # position_vector(p, q) of the row's 64 fp16.
+    a_order: dict[int, int] = {}
+    for p in range(2):
+        for i in range(4):
+            word = position_word(p, i)
+            assert word // 2 == i  # position i lies in 16-K block i (its scale byte)
             for q in range(4):
-                chunk, byte = permuted_chunk(first, q)
-                for i in range(words):
-                    for e, phys in enumerate(physical_k_of_pair(first + i, q)):
-                        k = chunk * 8 + (byte + 4 * i) // 2 + e
-                        assert (r, k) not in a_order
-                        a_order[(r, k)] = phys
-        assert len(a_order) == rows * 64
-        for r in range(rows):
-            # every logical k must hold the same physical k for A rows and B rows
-            assert [a_order[(r, k)] for k in range(64)] == [b_order[(0, k)] for k in range(64)]
-            assert sorted(a_order[(r, k)] for k in range(64)) == list(range(64))
+                for e, phys in enumerate(physical_k_of_pair(word, q)):
+                    k = position_vector(p, q) * 8 + 2 * i + e
+                    assert k not in a_order
+                    a_order[k] = phys
+    assert sorted(a_order) == list(range(64))
+    assert sorted(a_order.values()) == list(range(64))
     for row in range(128):
-        assert [b_order[(row, k)] for k in range(64)] == [b_order[(0, k)] for k in range(64)]
+        # every logical k must hold the same physical k for A rows and B rows
+        assert [a_order[k] for k in range(64)] == [b_order[(row, k)] for k in range(64)]
+    # A B thread's two words and their 16 K lie in one 16-K scale block (the byte it loads).
+    for c in range(4):
+        assert {(8 * (2 * c + u) + j) // 16 for u in range(2) for j in range(8)} == {c}
 
 
 _TRACE = r"""

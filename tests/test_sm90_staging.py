@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.sm90.staging import A_CHUNK_K, chunk_addresses
+from kernels.sm90.staging import (
+    A_CHUNK_K,
+    chunk_addresses,
+    half_step_addresses,
+    step_of_chunk,
+)
 from runtime.nvfp4 import blocked_scale_offset
 
 BASES = (1 << 40, 1 << 41, 1 << 42)  # A, SFA and staging bases: distinct, far apart
@@ -36,6 +41,35 @@ def test_chunks_tile_their_source_and_output_exactly_once(m: int, k: int) -> Non
         dst_bytes.update(range(dst, dst + 64))
     assert src_bytes == set(range(m * k // 2))
     assert dst_bytes == set(range(m * k * 2))
+
+
+@pytest.mark.parametrize("m, k", [(1, 256), (130, 512), (40, 2880)])
+def test_a_lanes_half_step_reads_its_parity_of_the_chunks_step(m: int, k: int) -> None:
+    """From either chunk of a 64-K step (the lane's own, or a clamped one past the end), the
+    lane of parity p reads packed words p, p + 2, p + 4, p + 6 of that step, each word 16-K
+    block i's (position i), and the step's 4 scales as one aligned word; the two lanes
+    together read the step's 32 bytes exactly once."""
+    per_row = k // A_CHUNK_K
+    first = 1000
+    for local in range(m * per_row):
+        src, sf, _ = chunk_addresses(first + local, first, k, lambda: BASES)
+        row, kc = divmod(local, per_row)
+        step = BASES[0] + row * (k // 2) + 32 * (kc // 2)
+        read = []
+        for p in range(2):
+            step_at, scale = step_of_chunk(src, sf, kc % 2)
+            base, offsets = half_step_addresses(step_at, p)
+            assert all(isinstance(off, int) for off in offsets)  # immediates in the load
+            words = [base + off for off in offsets]
+            assert words == [step + 4 * (p + 2 * i) for i in range(4)]
+            for i, w in enumerate(words):
+                assert (w - step) * 2 // 16 == i  # the word's first K lies in block i
+            read += [b for w in words for b in range(w, w + 4)]
+            assert scale - BASES[1] == blocked_scale_offset(row, 4 * (kc // 2), k)
+            assert scale % 4 == 0
+            assert [scale - BASES[1] + j for j in range(4)] == [
+                blocked_scale_offset(row, 4 * (kc // 2) + j, k) for j in range(4)]
+        assert sorted(read) == list(range(step, step + 32))
 
 
 def test_pair_stores_write_both_chunks_in_whole_sectors() -> None:

@@ -122,18 +122,15 @@ class TileConsumer:
             stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
             stage_s = scale_b + stage * self.sfb_stage_bytes
             if cutlass.const_expr(self.config.w_prefetch):
-                loaded = [self._load_b_half(ct, 0, h, stage_b, stage_s, scale_row0)
-                          for h in range(2)]
+                loaded = self._load_b_step(ct, 0, stage_b, stage_s, scale_row0)
             for s in cutlass.range_constexpr(SUB_STEPS):
                 self._stamp_step(trace, kt, s, 0)
                 if cutlass.const_expr(self.config.w_prefetch):
-                    for h in cutlass.range_constexpr(2):
-                        self._convert_b_half(words_w[s % 2], ct, h, loaded[h])
+                    self._convert_b_step(words_w[s % 2], loaded)
                     if cutlass.const_expr(s + 1 < SUB_STEPS):
                         # The next step's shared-memory words, issued before this step's
                         # waits and wgmma so their latency is off the next step's chain.
-                        loaded = [self._load_b_half(ct, s + 1, h, stage_b, stage_s,
-                                                    scale_row0) for h in range(2)]
+                        loaded = self._load_b_step(ct, s + 1, stage_b, stage_s, scale_row0)
                 else:
                     self._dequant_b_fragment(words_w[s % 2], ct, s, stage_b, stage_s,
                                              scale_row0)

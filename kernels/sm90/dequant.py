@@ -1,7 +1,8 @@
 """NVFP4 -> fp16 conversion in registers for the Hopper kernel (device code helpers).
 
 One recipe (dequant_word_w, the shift form of fp4_bits) for both operands: the weights into
-wgmma register fragments, the activations into the fp16 staging area (phase 1). Each value
+wgmma register fragments (weights.py), the activations into fp16 rows in shared or global
+memory, a lane's half of a 64-K step at a time (load_half_step, half_step_vectors). Each value
 leaves it as value * scale * 2^-7, so every product carries 2^-14, which the epilogue undoes
 (fp4_bits.ACC_UNSCALE).
 
@@ -14,26 +15,48 @@ Every step is exact, so HMUL2 rounds nothing (fp4_bits.W_SCALE_EXP's comment).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from cutlass import Uint32
 
 from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_F16X2, W_SIGNS
-from .ptx import e4m3x2_to_f16x2, mul_f16x2, mul_f16x2_by_half, prmt, select_bits, shl
+from .ptx import (
+    e4m3x2_to_f16x2,
+    ld_global_nc_u32,
+    mul_f16x2,
+    mul_f16x2_by_half,
+    prmt,
+    select_bits,
+    shl,
+)
+from .staging import half_step_addresses
+
+
+def word_sources(w: Any) -> tuple[Uint32, Uint32]:
+    """The two byte words dequant_word_w's pairs are permuted from: byte j of the first is the
+    fp16 high byte of n_2j (magnitude from w << 1, sign from bit 8j+3), of the second n_2j+1's.
+    6 instructions: 3 LOP3, 3 shifts."""
+    w = Uint32(w)
+    signs = w & Uint32(W_SIGNS)
+    even = select_bits(w << Uint32(1), shl(signs, 4), Uint32(W_MAG_BITS))
+    odd = select_bits(w >> Uint32(3), signs, Uint32(W_MAG_BITS))
+    return even, odd
+
+
+def source_pair(sources: tuple, q: int, scales: Any, half: int) -> Uint32:
+    """Output pair q of a word_sources pair, times half `half` of a scales_w word: one PRMT
+    and one HMUL2 (the scale's splat folded into the operand)."""
+    src, sel = W_PAIRS[q]
+    return mul_f16x2_by_half(prmt(sources[src], Uint32(0), Uint32(sel)), scales, half)
 
 
 def dequant_word_w(w: Any, scales: Any, half: int) -> list[Uint32]:
     """8 e2m1 codes times half `half` of a `scales_w` word -> 4 fp16x2 words, pairs (n0, n4),
     (n1, n5), (n2, n6), (n3, n7), each value * scale * 2^(W_SCALE_EXP - 14). 14 instructions
-    per word: 3 LOP3, 3 shifts, 4 PRMT, 4 HMUL2 (the scale's splat folded into the operand)."""
-    w = Uint32(w)
-    signs = w & Uint32(W_SIGNS)
-    # Byte j of `even` is the fp16 high byte of n_2j: magnitude from w << 1, sign from bit 8j+3.
-    even = select_bits(w << Uint32(1), shl(signs, 4), Uint32(W_MAG_BITS))
-    odd = select_bits(w >> Uint32(3), signs, Uint32(W_MAG_BITS))
-    sources = (even, odd)
-    return [mul_f16x2_by_half(prmt(sources[src], Uint32(0), Uint32(sel)), scales, half)
-            for src, sel in W_PAIRS]
+    per word: 3 LOP3, 3 shifts, 4 PRMT, 4 HMUL2."""
+    sources = word_sources(w)
+    return [source_pair(sources, q, scales, half) for q in range(4)]
 
 
 def scales_w(two_scale_bytes: Any) -> Uint32:
@@ -42,8 +65,21 @@ def scales_w(two_scale_bytes: Any) -> Uint32:
     return mul_f16x2(e4m3x2_to_f16x2(two_scale_bytes), Uint32(W_SCALE_F16X2))
 
 
-def dequant_chunk(words: Any, two_scale_bytes: Any) -> list[list[Uint32]]:
-    """Four words (32 K) whose two 16-K blocks' scales are the two bytes: words 0, 1 take the
-    first scale (half 0), words 2, 3 the second. One dequant_word_w list per word."""
-    both = scales_w(two_scale_bytes)
-    return [dequant_word_w(words[i], both, i // 2) for i in range(4)]
+def load_half_step(step: Any, scale_word: Any, parity: Any) -> tuple:
+    """A lane's half of a 64-K step of one A row (staging.half_step_addresses): its 4 packed
+    words at positions 0..3 and the step's 4 scale bytes as one word, from the step's packed
+    address and its scale word's address."""
+    base, offsets = half_step_addresses(step, parity)
+    return [ld_global_nc_u32(base, off) for off in offsets], ld_global_nc_u32(scale_word)
+
+
+def half_step_vectors(words: Any, four_scale_bytes: Any) -> Callable[[int], list[Uint32]]:
+    """A lane's 4 words (load_half_step) -> vector(q): pair q of positions 0..3, the 16 fp16
+    bytes of the lane's vector q (fp4_bits.position_vector). Position i lies in 16-K block i,
+    so it takes scale byte i. Built a vector at a time, so a caller that stores each vector
+    before asking for the next holds 8 source words instead of 16 results (the inline_a
+    converter runs at the producer's 64 registers)."""
+    low = scales_w(four_scale_bytes)
+    high = scales_w(Uint32(four_scale_bytes) >> Uint32(16))
+    sources = [word_sources(w) for w in words]
+    return lambda q: [source_pair(sources[i], q, (low, high)[i // 2], i % 2) for i in range(4)]

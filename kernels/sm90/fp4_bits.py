@@ -28,21 +28,35 @@ W_SCALE_F16X2 = 0x00010001 * ((15 + W_SCALE_EXP) << 10)  # fp16 2^W_SCALE_EXP in
 ACC_UNSCALE = W_UNSCALE * W_UNSCALE
 
 
-# K order of a 64-K step when B (weights) goes to wgmma in registers (weights.py). Packed
-# word j (8 e2m1, physical K 8j..8j+7) of a row yields output pairs q = 0..3 holding physical K
-# (8j + q, 8j + q + 4) (see dequant.py). Pair q of word j is placed at logical K
-# 32 (j // 4) + 8 q + 2 (j % 4): for the register operand that is fragment slot
-# `fragment_word`, for the shared-memory operand 16-byte chunk `permuted_chunk`. These work on
-# Python ints and on DSL integers alike, so CPU tests check the very formulas the kernel uses.
+# K order of a 64-K step (weights.py for B in registers, dequant.py's half steps for A in
+# shared memory). Packed word j (8 e2m1, physical K 8j..8j+7) of a row yields output pairs q =
+# 0..3 holding physical K (8j + q, 8j + q + 4) (see dequant.py). Pair q of word j is placed at
+# logical K 32 (j % 2) + 8 q + 2 (j // 2). So weight thread c (lane % 4) reads words 2c and
+# 2c + 1, packed bytes 8c..8c+7 of the step: one 8-byte load of one 16-K scale block. On the A
+# side a lane of parity p converts the words p, p + 2, p + 4, p + 6 (its "positions" 0..3, in
+# 16-K blocks 0..3), which fill the 64 fp16 bytes of vectors 4p..4p+3 of the row's step. These
+# work on Python ints and on DSL integers alike, so CPU tests check the very formulas the
+# kernel uses.
 
 
 def fragment_word(q, rowhalf, upper):
     """Word index in a thread's wgmma A fragment (4 kb + 2 khalf + rowhalf) for output pair q
-    of its packed word c (upper = 0) or c + 4 (upper = 1) of row r0 + 8 rowhalf."""
+    of its packed word 2c (upper = 0) or 2c + 1 (upper = 1) of row r0 + 8 rowhalf."""
     return (2 * upper + q // 2) * 4 + (q % 2) * 2 + rowhalf
 
 
-def permuted_chunk(first_word, q):
-    """(16-byte chunk in the 64-K fp16 row, byte offset) for output pair q of the words
-    first_word, first_word + 1, ... (at most 4, not crossing a multiple of 4)."""
-    return (first_word // 4) * 4 + q, (first_word % 4) * 4
+def thread_step_bytes(s, c):
+    """(16-byte chunk of the 128-byte packed row, byte offset in it) of the 8 bytes (words 2c
+    and 2c + 1) that weight thread c reads in 64-K sub-step s, before the swizzle."""
+    return 2 * s + c // 2, 8 * (c % 2)
+
+
+def position_word(p, i):
+    """The packed word (of the 8 in a 64-K step) at position i of a lane of parity p."""
+    return p + 2 * i
+
+
+def position_vector(p, q):
+    """The 16-byte fp16 vector (of the 8 in a 64-K step's row) that pair q of a lane of parity
+    p fills; position i's pair lands at byte 4 i of it."""
+    return 4 * p + q

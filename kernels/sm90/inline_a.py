@@ -15,9 +15,9 @@ from cutlass import Int32, Int64, Uint32
 from kernels import tables
 
 from .config import INLINE_A_ROWS, INLINE_A_WARPS, SUB_K
-from .dequant import dequant_chunk
-from .ptx import ld_global_nc_u16, ld_global_nc_v4, st_shared_v4
-from .staging import A_CHUNK_K, inline_chunk_offsets, inline_row_offsets, inline_smem_offset
+from .dequant import half_step_vectors, load_half_step
+from .ptx import st_shared_v4
+from .staging import inline_row_offsets, inline_smem_offset, inline_step_offsets
 from .structure import SUB_STEPS
 
 
@@ -54,7 +54,8 @@ class InlineA:
         """Converter warp `warp` (0 or 1) of this CTA's tiles. Each tile's 64-K steps, in the
         consumers' order, form batches of one 256-K stage (lane 2 r + h loads chunk h of each
         step of row r, and of row r + 16 at tile_m 32); the two warps take the batches in turn,
-        numbered across tiles, so each has two stages' time for its loads' latency. Each step
+        numbered across tiles, so each has two stages' time for its loads' latency. A lane
+        converts the words of its parity h of each step (dequant.load_half_step). Each step
         is converted and stored once its slot is free, fenced for the wgmma (async proxy), and
         every lane arrives on the slot's full barrier (INLINE_A_ARRIVALS). Rows past the
         group's m read its last row (their C rows are never stored); chunks past k (a last
@@ -84,35 +85,38 @@ class InlineA:
                 a_off, sf_off = inline_row_offsets(row, k)
                 a_rows.append(ptrs[group, tables.PTR_A] + Int64(a_off))
                 sf_rows.append(ptrs[group, tables.PTR_SFA] + Int64(sf_off))
-            chunks = k // A_CHUNK_K
+            k_steps = k // SUB_K
             for b in cutlass.range(self._k_stages(k), unroll=1):
                 if batch % INLINE_A_WARPS == warp:
-                    # Step t's loads (one chunk per row) go out `ahead` steps before its
-                    # conversion: the whole stage at once at tile_m 16; at 32, whose 8 loads
-                    # would not fit the producer's registers, two steps ahead.
-                    words, scales, keep = [], [], []
+                    # Step t's loads (this lane's half of the step per row) go out `ahead`
+                    # steps before its conversion: the whole stage at once at tile_m 16; at 32,
+                    # whose 8 loads would not fit the producer's registers, two steps ahead.
+                    words, scales = [], []
                     for t in cutlass.range_constexpr(batch_steps + ahead):
                         if cutlass.const_expr(t < batch_steps):
-                            kc = (b * batch_steps + t) * 2 + h
-                            # All ones for a chunk inside k, zero past it (read at the last).
-                            keep.append(Uint32((kc - chunks) >> 31))
-                            ca, cs = inline_chunk_offsets(cutlass.min(kc, chunks - 1))
+                            # A step past k reads the last one (valid memory), converted as 0.
+                            ca, cs = inline_step_offsets(
+                                cutlass.min(b * batch_steps + t, k_steps - 1))
                             for j in cutlass.range_constexpr(rows):
-                                words.append(ld_global_nc_v4(a_rows[j] + Int64(ca)))
-                                scales.append(ld_global_nc_u16(sf_rows[j] + Int64(cs)))
+                                w, sc = load_half_step(a_rows[j] + Int64(ca),
+                                                       sf_rows[j] + Int64(cs), h)
+                                words.append(w)
+                                scales.append(sc)
                         if cutlass.const_expr(t >= ahead):
                             u = t - ahead
+                            # All ones for a step inside k, zero past it.
+                            keep = Uint32((b * batch_steps + u - k_steps) >> 31)
                             slot = (step + u) % slots
                             # The producer's parity: a fresh barrier's "previous phase" (1) passes.
                             a_pipe.sync_object_empty.wait(slot, ((step + u) // slots + 1) % 2)
                             base = a16 + slot * slot_bytes
                             for j in cutlass.range_constexpr(rows):
                                 i = u * rows + j
-                                outs = dequant_chunk([w & keep[u] for w in words[i]], scales[i])
+                                vector = half_step_vectors([w & keep for w in words[i]],
+                                                           scales[i])
                                 for q in cutlass.range_constexpr(4):
                                     st_shared_v4(base + inline_smem_offset(r + j * INLINE_A_ROWS, h,
-                                                                           q),
-                                                 *[outs[w][q] for w in range(4)])
+                                                                           q), *vector(q))
                             # Each lane fences its own stores for the wgmma (async proxy) and
                             # arrives itself. A lane-0 arrival after a warp barrier is as exact
                             # and no faster (twenty-second session, run 7).

@@ -138,6 +138,18 @@ def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
 
 
 @dsl_user_op
+def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
+    """8-byte shared-memory load at a 32-bit shared address (8-byte aligned)."""
+    return _ld_words("ld.shared", _ir(addr, loc, ip), "r", 2, loc, ip)
+
+
+@dsl_user_op
+def ld_shared_u8(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
+    """One shared-memory byte, zero-extended."""
+    return _asm("ld.shared.u8 $0, [$1];", "=r,r", [_ir(addr, loc, ip)], loc, ip, True)
+
+
+@dsl_user_op
 def st_shared_v4(addr: Any, w0: Any, w1: Any, w2: Any, w3: Any, *, loc: Any = None,
                  ip: Any = None) -> None:
     """16-byte shared-memory store at a 32-bit shared address."""
@@ -154,6 +166,15 @@ def ld_global_nc_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint
 def ld_global_nc_u16(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
     """A 16-bit read-only global load, zero-extended."""
     return _ld_u16("ld.global.nc", _i64(addr, loc, ip), "l", loc, ip)
+
+
+@dsl_user_op
+def ld_global_nc_u32(addr: Any, offset: int = 0, *, loc: Any = None,
+                     ip: Any = None) -> Uint32:
+    """A 32-bit read-only global load at addr + offset (an immediate: loads at several offsets
+    of one address keep one address register)."""
+    return _asm(f"ld.global.nc.b32 $0, [$1+{int(offset)}];", "=r,l", [_i64(addr, loc, ip)],
+                loc, ip, True)
 
 
 @dsl_user_op

@@ -15,14 +15,11 @@ from runtime.formats import offsets_tables_bytes
 from . import tma
 from .config import INLINE_A_ARRIVALS, LANE_GROUPS, SUB_K, register_split_fits
 from .context import Mainloop
-from .dequant import dequant_chunk
-from .fp4_bits import permuted_chunk
+from .dequant import half_step_vectors, load_half_step
 from .ptx import (
     atom_add_acq_rel_gpu_u32,
     fence_proxy_async_global,
     ld_acquire_gpu_u32,
-    ld_global_nc_u16,
-    ld_global_nc_v4,
     ld_relaxed_gpu_u32,
     nanosleep,
     red_add_release_gpu_u32,
@@ -37,6 +34,7 @@ from .staging import (
     PAIR_STORES,
     chunk_addresses,
     pair_store_offset,
+    step_of_chunk,
 )
 from .structure import PACKED_ROW_BYTES, WARPGROUP
 
@@ -48,8 +46,11 @@ REGISTER_SPLITS = {4: (56, 104), 3: (56, 152), 2: (56, 224)}
 # for them (ptxas spills); three consumer warpgroups still fit at 144: 128 * 64 + 384 * 144.
 STREAM_A_SPLIT = (64, 144)
 # inline_a's converter warps hold a stage's loads (20 words per 16 rows) at the producer's
-# registers: 64, and 80 where three consumer warpgroups leave room (tile_m 32).
-INLINE_A_SPLITS = {(16, 4): (64, 104), (16, 3): (64, 144), (32, 4): (64, 104),
+# registers: 64, and 80 where three consumer warpgroups leave room (tile_m 32). At tile_m 32
+# with four consumer warpgroups both roles fit the launch's even 96 (no setmaxnreg): since the
+# consumers load 8-byte halves of their steps (thirty-fourth session) the converter's 64 left
+# it two registers short, and the consumers need no more than 96.
+INLINE_A_SPLITS = {(16, 4): (64, 104), (16, 3): (64, 144), (32, 4): (96, 96),
                    (32, 3): (80, 144)}
 for _wgs, (_producer, _consumer) in (*REGISTER_SPLITS.items(), (3, STREAM_A_SPLIT),
                                      *((w, s) for (_, w), s in INLINE_A_SPLITS.items())):
@@ -205,9 +206,10 @@ class StagedA:
     @cute.jit
     def _stage_a(self, cta, a16_base, tidx) -> None:
         """Convert every group's A to fp16 at a16_base (groups back to back, rows of k), by
-        every thread but warp 0's (`tidx` from the first staging thread), in 32-K chunks (16
-        packed bytes, two scales) written in the permuted K order (fp4_bits.permuted_chunk), so
-        a 64-K TMA tile lands in the K order of the weights' register fragments.
+        every thread but warp 0's (`tidx` from the first staging thread), in 32-K chunks: the
+        two lanes of a pair take the two chunks of a 64-K step and each converts the words of
+        its parity (dequant.load_half_step), so the fp16 step lands in the K order of the
+        weights' register fragments (fp4_bits).
         All groups' chunks form one index space (group after group, rows in order, K chunks
         fastest) walked by a grid-stride loop whose STAGE_UNROLL chunks per iteration issue
         their loads before any conversion: one memory round trip per thread for up to
@@ -315,8 +317,9 @@ class StagedA:
                         cu, first, sizes[group, tables.COL_K],
                         lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
                                  a16_base + offset), Int64)
-                words.append(ld_global_nc_v4(src))
-                scales.append(ld_global_nc_u16(sf))
+                w, sc = load_half_step(*step_of_chunk(src, sf, cu % 2), odd & Uint32(1))
+                words.append(w)
+                scales.append(sc)
                 dsts.append(dst)
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd,
@@ -370,10 +373,10 @@ class StagedA:
         them to `dsts` with pair stores (staging.PAIR_STORES); `valid(u)` says whether chunk u is
         real (the same for both lanes of a pair). The whole warp takes part (shuffles)."""
         for u in cutlass.range_constexpr(len(words)):
-            outs = dequant_chunk(words[u], scales[u])
-            # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output
-            vec = {f"v{permuted_chunk(0, q)[0]}": [outs[w][q] for w in range(4)]
-                   for q in range(4)}
+            vector = half_step_vectors(words[u], scales[u])
+            # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output: the lane's half of
+            # the step is vectors 4p..4p+3 of it (fp4_bits.position_vector), pair N of its words.
+            vec = {f"v{q}": vector(q) for q in range(4)}
             for r in cutlass.range_constexpr(2):
                 even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]
                 vec[f"r{r}"] = [cute.arch.shuffle_sync_bfly(

@@ -4,8 +4,10 @@ check the same formulas the kernel traces, on Python ints).
 A group's A is staged in A_CHUNK_K-element chunks, numbered row-major: k // A_CHUNK_K chunks per
 row. A chunk is 16 packed bytes of A, the 2 scale bytes of its two 16-K blocks (adjacent in the
 blocked layout), and 64 bytes of fp16 output. The output rows are k fp16 long, and each 64-K
-step of a row is one 128-byte TMA box row, holding two chunks: the kernel stores a chunk's four
-16-byte pair vectors in permuted order (fp4_bits.permuted_chunk) inside its own 64 bytes.
+step of a row is one 128-byte TMA box row, holding two chunks. The two lanes that take a step's
+two chunks each convert the words of their own parity of the whole step (half_step_addresses,
+fp4_bits.position_word), which fill their own chunk's 64 output bytes in the K order of the
+weights' fragments.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import K_TILE, SCALE_ATOM_BYTES, SUB_K
+from .fp4_bits import position_word
 
 A_CHUNK_K = 32  # K elements per staging chunk: 16 packed bytes in, 64 fp16 bytes out
 
@@ -34,6 +37,22 @@ def chunk_addresses(index: Any, first: Any, k: Any, bases: Any,
     a_base, sf_base, dst_base = bases()
     return (a_base + wide(row) * wide(k // 2) + kc * 16, sf_base + wide(sf),
             dst_base + wide(row) * wide(k * 2) + (kc // 2) * (SUB_K * 2) + (kc % 2) * 64)
+
+
+def half_step_addresses(step: Any, parity: Any) -> tuple[Any, list[int]]:
+    """(a base address, the byte offsets from it of the 4 packed words of positions 0..3) of
+    the lane of parity `parity` in the 64-K step of one A row whose packed bytes start at
+    `step`: the step's words p, p + 2, p + 4, p + 6 (fp4_bits.position_word), 8 bytes apart,
+    so the offsets are immediates. The step's 4 scales are one aligned word (step_of_chunk)."""
+    base = step + 4 * position_word(parity, 0)
+    return base, [4 * (position_word(0, i) - position_word(0, 0)) for i in range(4)]
+
+
+def step_of_chunk(chunk: Any, scale: Any, chunk_parity: Any) -> tuple[Any, Any]:
+    """(packed address, scale word address) of the 64-K step holding a chunk whose packed
+    bytes start at `chunk` and whose first scale is at `scale` (chunk_addresses), of index
+    parity `chunk_parity` (the even chunk's two scales come first in the step's word)."""
+    return chunk - chunk_parity * 16, scale - chunk_parity * 2
 
 
 # Stores of one chunk's 64 fp16 bytes (four 16-byte vectors v0..v3 at offsets 0, 16, 32, 48),
@@ -119,16 +138,16 @@ def progress_target(iteration: Any, iterations: Any, counters: Any) -> tuple[Any
 # which is what the slot's wgmma layout reads).
 def inline_row_offsets(row: Any, k: Any) -> tuple[Any, Any]:
     """(packed A, scale) byte offsets of row `row` of a group, from the group's A and SFA
-    pointers: chunk_addresses' row terms (the chunk terms are inline_chunk_offsets')."""
+    pointers: chunk_addresses' row terms (the step terms are inline_step_offsets')."""
     return (row * (k // 2),
             (row // 128) * (k // 64) * SCALE_ATOM_BYTES + (row % 32) * 16
             + ((row % 128) // 32) * 4)
 
 
-def inline_chunk_offsets(kc: Any) -> tuple[Any, Any]:
-    """(packed A, scale) byte offsets of 32-K chunk kc from its row's: 16 packed bytes, and its
-    two scales, adjacent in the blocked layout's atom of 64 K."""
-    return kc * 16, (kc // 2) * SCALE_ATOM_BYTES + (kc % 2) * 2
+def inline_step_offsets(ks: Any) -> tuple[Any, Any]:
+    """(packed A, scale word) byte offsets of 64-K step ks from its row's: 32 packed bytes,
+    and its four scales, one word at the start of the blocked layout's atom of 64 K."""
+    return ks * 32, ks * SCALE_ATOM_BYTES
 
 
 def inline_smem_offset(r: Any, h: Any, q: Any) -> Any:
