@@ -25,7 +25,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernels import tables
 from kernels.sm90 import compile as sm90_compile
 from kernels.sm90.config import C_ROW_PAD, SUB_K
-from kernels.sm90.dequant import half_step_vectors, scales_w
+from kernels.sm90.dequant import exchange_half_step, half_step_vectors, scales_w
 from kernels.sm90.epilogue import STORERS
 from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
@@ -246,7 +246,7 @@ class _StageNoStore:
     @cute.jit
     def _store_chunks(self, words, scales, dsts, valid, odd, tidx) -> None:
         for u in cutlass.range_constexpr(len(words)):
-            vector = half_step_vectors(words[u], scales[u])
+            vector = half_step_vectors(*exchange_half_step(words[u], scales[u], tidx % 2))
             vec = {f"v{q}": vector(q) for q in range(4)}
             for r in cutlass.range_constexpr(2):
                 even_sends, odd_sends = PAIR_SEND[0][r], PAIR_SEND[1][r]

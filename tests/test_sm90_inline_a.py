@@ -15,7 +15,6 @@ from kernels.sm90.staging import (
     inline_row_offsets,
     inline_smem_offset,
     inline_step_offsets,
-    step_of_chunk,
 )
 
 
@@ -30,6 +29,14 @@ def test_inline_a_takes_device_offsets_decode_tiles_only() -> None:
         f"tile_m / 16 rows in registers), but got tile_m 64"]
     assert check(Config(device_offsets=True, inline_a=1, tile_m=16)) == [
         "inline_a must be true or false, but got 1"]
+
+
+
+def step_of_chunk(chunk: int, scale: int, chunk_parity: int) -> tuple[int, int]:
+    """(packed address, scale word address) of the 64-K step holding a chunk whose packed bytes
+    start at `chunk` and whose first scale is at `scale` (chunk_addresses), of index parity
+    `chunk_parity`: the even chunk's two scales come first in the step's word."""
+    return chunk - chunk_parity * 16, scale - chunk_parity * 2
 
 
 @pytest.mark.parametrize("k", [768, 2048, 2880, 7168])

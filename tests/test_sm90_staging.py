@@ -12,11 +12,18 @@ from kernels.sm90.staging import (
     A_CHUNK_K,
     chunk_addresses,
     half_step_addresses,
-    step_of_chunk,
 )
 from runtime.nvfp4 import blocked_scale_offset
 
 BASES = (1 << 40, 1 << 41, 1 << 42)  # A, SFA and staging bases: distinct, far apart
+
+
+
+def step_of_chunk(chunk: int, scale: int, chunk_parity: int) -> tuple[int, int]:
+    """(packed address, scale word address) of the 64-K step holding a chunk whose packed bytes
+    start at `chunk` and whose first scale is at `scale` (chunk_addresses), of index parity
+    `chunk_parity`: the even chunk's two scales come first in the step's word."""
+    return chunk - chunk_parity * 16, scale - chunk_parity * 2
 
 
 @pytest.mark.parametrize("m, k", [(1, 256), (130, 512), (257, 1536), (40, 7168)])

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import cutlass.cute as cute
 from cutlass import Uint32
 
 from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_F16X2, W_SIGNS
@@ -71,6 +72,28 @@ def load_half_step(step: Any, scale_word: Any, parity: Any) -> tuple:
     address and its scale word's address."""
     base, offsets = half_step_addresses(step, parity)
     return [ld_global_nc_u32(base, off) for off in offsets], ld_global_nc_u32(scale_word)
+
+
+def exchange_half_step(words: Any, two_scales: Any, parity: Any) -> tuple[list, Uint32]:
+    """Phase 1's lanes 2i and 2i + 1 hold the two 32-K chunks of one 64-K step of a row (each
+    its 4 packed words and 2 scales, one 16-byte and one 2-byte load): swap half the words
+    with the partner so each holds the words of its parity p at positions 0..3
+    (fp4_bits.position_word) and all 4 scales of the step, as load_half_step would have read
+    them. Three shuffles and 10 LOP3 / PRMT instead of load_half_step's 5 loads per chunk:
+    phase 1 streams the whole of A, and its load instructions are what it has least room for.
+    The whole warp takes part."""
+    odd = Uint32(0) - Uint32(parity)  # all ones on the odd lane
+    # The even lane sends its words 1 and 3 (the odd lane's positions 0, 1), the odd lane its
+    # words 0 and 2 (the even lane's positions 2, 3); each keeps the other two.
+    send = [select_bits(words[0], words[1], odd), select_bits(words[2], words[3], odd)]
+    keep = [select_bits(words[1], words[0], odd), select_bits(words[3], words[2], odd)]
+    got = [cute.arch.shuffle_sync_bfly(x, 1) for x in send]
+    positions = [select_bits(got[0], keep[0], odd), select_bits(got[1], keep[1], odd),
+                 select_bits(keep[0], got[0], odd), select_bits(keep[1], got[1], odd)]
+    other = cute.arch.shuffle_sync_bfly(two_scales, 1)
+    # The even chunk's two scales first: (own, partner's) on the even lane, swapped on the odd.
+    order = select_bits(Uint32(0x1054), Uint32(0x5410), odd)
+    return positions, prmt(two_scales, other, order)
 
 
 def half_step_vectors(words: Any, four_scale_bytes: Any) -> Callable[[int], list[Uint32]]:

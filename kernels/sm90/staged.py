@@ -15,11 +15,13 @@ from runtime.formats import offsets_tables_bytes
 from . import tma
 from .config import INLINE_A_ARRIVALS, LANE_GROUPS, SUB_K, register_split_fits
 from .context import Mainloop
-from .dequant import half_step_vectors, load_half_step
+from .dequant import exchange_half_step, half_step_vectors
 from .ptx import (
     atom_add_acq_rel_gpu_u32,
     fence_proxy_async_global,
     ld_acquire_gpu_u32,
+    ld_global_nc_u16,
+    ld_global_nc_v4,
     ld_relaxed_gpu_u32,
     nanosleep,
     red_add_release_gpu_u32,
@@ -34,7 +36,6 @@ from .staging import (
     PAIR_STORES,
     chunk_addresses,
     pair_store_offset,
-    step_of_chunk,
 )
 from .structure import PACKED_ROW_BYTES, WARPGROUP
 
@@ -207,9 +208,9 @@ class StagedA:
     def _stage_a(self, cta, a16_base, tidx) -> None:
         """Convert every group's A to fp16 at a16_base (groups back to back, rows of k), by
         every thread but warp 0's (`tidx` from the first staging thread), in 32-K chunks: the
-        two lanes of a pair take the two chunks of a 64-K step and each converts the words of
-        its parity (dequant.load_half_step), so the fp16 step lands in the K order of the
-        weights' register fragments (fp4_bits).
+        two lanes of a pair load the two chunks of a 64-K step, swap half their words and each
+        converts the words of its parity (dequant.exchange_half_step), so the fp16 step lands
+        in the K order of the weights' register fragments (fp4_bits).
         All groups' chunks form one index space (group after group, rows in order, K chunks
         fastest) walked by a grid-stride loop whose STAGE_UNROLL chunks per iteration issue
         their loads before any conversion: one memory round trip per thread for up to
@@ -317,9 +318,8 @@ class StagedA:
                         cu, first, sizes[group, tables.COL_K],
                         lambda: (ptrs[group, tables.PTR_A], ptrs[group, tables.PTR_SFA],
                                  a16_base + offset), Int64)
-                w, sc = load_half_step(*step_of_chunk(src, sf, cu % 2), odd & Uint32(1))
-                words.append(w)
-                scales.append(sc)
+                words.append(ld_global_nc_v4(src))
+                scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd,
@@ -373,7 +373,7 @@ class StagedA:
         them to `dsts` with pair stores (staging.PAIR_STORES); `valid(u)` says whether chunk u is
         real (the same for both lanes of a pair). The whole warp takes part (shuffles)."""
         for u in cutlass.range_constexpr(len(words)):
-            vector = half_step_vectors(words[u], scales[u])
+            vector = half_step_vectors(*exchange_half_step(words[u], scales[u], tidx % 2))
             # vec["vN"]: the 16 bytes at offset 16 N of this chunk's output: the lane's half of
             # the step is vectors 4p..4p+3 of it (fp4_bits.position_vector), pair N of its words.
             vec = {f"v{q}": vector(q) for q in range(4)}

@@ -5,9 +5,10 @@ A group's A is staged in A_CHUNK_K-element chunks, numbered row-major: k // A_CH
 row. A chunk is 16 packed bytes of A, the 2 scale bytes of its two 16-K blocks (adjacent in the
 blocked layout), and 64 bytes of fp16 output. The output rows are k fp16 long, and each 64-K
 step of a row is one 128-byte TMA box row, holding two chunks. The two lanes that take a step's
-two chunks each convert the words of their own parity of the whole step (half_step_addresses,
-fp4_bits.position_word), which fill their own chunk's 64 output bytes in the K order of the
-weights' fragments.
+two chunks each convert the words of their own parity of the whole step (fp4_bits.position_word;
+phase 1 swaps half its loaded words with the partner lane, dequant.exchange_half_step, and
+inline_a's converters load theirs, half_step_addresses), which fill their own chunk's 64 output
+bytes in the K order of the weights' fragments.
 """
 
 from __future__ import annotations
@@ -43,16 +44,10 @@ def half_step_addresses(step: Any, parity: Any) -> tuple[Any, list[int]]:
     """(a base address, the byte offsets from it of the 4 packed words of positions 0..3) of
     the lane of parity `parity` in the 64-K step of one A row whose packed bytes start at
     `step`: the step's words p, p + 2, p + 4, p + 6 (fp4_bits.position_word), 8 bytes apart,
-    so the offsets are immediates. The step's 4 scales are one aligned word (step_of_chunk)."""
+    so the offsets are immediates. The step's 4 scales are one aligned word
+    (inline_step_offsets)."""
     base = step + 4 * position_word(parity, 0)
     return base, [4 * (position_word(0, i) - position_word(0, 0)) for i in range(4)]
-
-
-def step_of_chunk(chunk: Any, scale: Any, chunk_parity: Any) -> tuple[Any, Any]:
-    """(packed address, scale word address) of the 64-K step holding a chunk whose packed
-    bytes start at `chunk` and whose first scale is at `scale` (chunk_addresses), of index
-    parity `chunk_parity` (the even chunk's two scales come first in the step's word)."""
-    return chunk - chunk_parity * 16, scale - chunk_parity * 2
 
 
 # Stores of one chunk's 64 fp16 bytes (four 16-byte vectors v0..v3 at offsets 0, 16, 32, 48),

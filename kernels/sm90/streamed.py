@@ -22,10 +22,11 @@ from cutlass import Int32, Int64, Uint32
 
 from kernels import tables
 
-from .dequant import load_half_step
 from .ptx import (
     fence_proxy_async_global,
     ld_acquire_gpu_u32,
+    ld_global_nc_u16,
+    ld_global_nc_v4,
     nanosleep,
     red_add_release_gpu_u32,
     st_relaxed_gpu_u32,
@@ -41,7 +42,6 @@ from .staging import (
     chunk_addresses,
     chunks_before,
     slab_chunk,
-    step_of_chunk,
 )
 
 
@@ -116,9 +116,8 @@ class StreamedA:
                 src, sf, dst = chunk_addresses(
                     (row - first_u) * per_row + kc, 0, k,
                     lambda: (a_u, sf_u, a16_base + Int64(first_u) * Int64(k * 2)), Int64)
-                w, sc = load_half_step(*step_of_chunk(src, sf, kc % 2), odd & Uint32(1))
-                words.append(w)
-                scales.append(sc)
+                words.append(ld_global_nc_v4(src))
+                scales.append(ld_global_nc_u16(sf))
                 dsts.append(dst)
             # Both lanes of a pair pass or fail the check together: total is even.
             self._store_chunks(words, scales, dsts, lambda u: c + u * stride < total, odd, st)
