@@ -79,8 +79,9 @@ def exchange_half_step(words: Any, two_scales: Any, parity: Any) -> tuple[list, 
     its 4 packed words and 2 scales, one 16-byte and one 2-byte load): swap half the words
     with the partner so each holds the words of its parity p at positions 0..3
     (fp4_bits.position_word) and all 4 scales of the step, as load_half_step would have read
-    them. Three shuffles and 10 LOP3 / PRMT instead of load_half_step's 5 loads per chunk:
-    phase 1 streams the whole of A, and its load instructions are what it has least room for.
+    them. Three shuffles and 10 LOP3 / PRMT instead of load_half_step's 5 loads per chunk
+    (with those, Mixtral down's prefill, whose phase 1 streams 4096 x 8 rows of K 14336, ran
+    1.5-2.9% slower; with the swap 1.4% faster: docs/lab_notebook.md, thirty-fourth session).
     The whole warp takes part."""
     odd = Uint32(0) - Uint32(parity)  # all ones on the odd lane
     # The even lane sends its words 1 and 3 (the odd lane's positions 0, 1), the odd lane its
@@ -99,9 +100,8 @@ def exchange_half_step(words: Any, two_scales: Any, parity: Any) -> tuple[list, 
 def half_step_vectors(words: Any, four_scale_bytes: Any) -> Callable[[int], list[Uint32]]:
     """A lane's 4 words (load_half_step) -> vector(q): pair q of positions 0..3, the 16 fp16
     bytes of the lane's vector q (fp4_bits.position_vector). Position i lies in 16-K block i,
-    so it takes scale byte i. Built a vector at a time, so a caller that stores each vector
-    before asking for the next holds 8 source words instead of 16 results (the inline_a
-    converter runs at the producer's 64 registers)."""
+    so it takes scale byte i. Each vector is built when asked for, so a caller may store one
+    before building the next."""
     low = scales_w(four_scale_bytes)
     high = scales_w(Uint32(four_scale_bytes) >> Uint32(16))
     sources = [word_sources(w) for w in words]
