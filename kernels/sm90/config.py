@@ -37,8 +37,9 @@ TILE_MS = (16, 32, 48, 64, 80, 96, 112, 128, 256)
 TILE_NS = (128, 192, 256)
 TILE_N_WIDE_MAX_M = 64
 # inline_a: two converter warps (one storer warp left) take turns at a tile's 256-K stages of
-# A, a lane loading one row's chunk h of each 64-K step for each INLINE_A_ROWS rows of the tile
-# (two lanes per row); tile_m past INLINE_A_MAX_M would need more registers.
+# A, a lane loading one row's half h of each 64-K step (the words of parity h) for each
+# INLINE_A_ROWS rows of the tile (two lanes per row); tile_m past INLINE_A_MAX_M would need more
+# registers.
 INLINE_A_WARPS = 2
 INLINE_A_ARRIVALS = 32  # a slot is full once every lane of its converter warp has arrived
 INLINE_A_ROWS = 16

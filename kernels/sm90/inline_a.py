@@ -52,10 +52,10 @@ class InlineA:
     @cute.jit
     def _convert_tiles(self, mainloop, cta, warp, lane) -> None:
         """Converter warp `warp` (0 or 1) of this CTA's tiles. Each tile's 64-K steps, in the
-        consumers' order, form batches of one 256-K stage (lane 2 r + h loads chunk h of each
+        consumers' order, form batches of one 256-K stage (lane 2 r + h loads half h of each
         step of row r, and of row r + 16 at tile_m 32); the two warps take the batches in turn,
-        numbered across tiles, so each has two stages' time for its loads' latency. A lane
-        converts the words of its parity h of each step (dequant.load_half_step). Each step
+        numbered across tiles, so each has two stages' time for its loads' latency. Half h is
+        the step's words of parity h (dequant.load_half_step). Each step
         is converted and stored once its slot is free, fenced for the wgmma (async proxy), and
         every lane arrives on the slot's full barrier (INLINE_A_ARRIVALS). Rows past the
         group's m read its last row (their C rows are never stored); chunks past k (a last

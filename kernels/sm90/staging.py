@@ -126,11 +126,12 @@ def progress_target(iteration: Any, iterations: Any, counters: Any) -> tuple[Any
 
 
 # ------------------------------------------------------------------ inline A (Config.inline_a)
-# A converter warp covers INLINE_A_ROWS rows of a tile: lane 2 r + h converts chunk h (32 K) of
-# row r of each 64-K step, and writes its 64 fp16 bytes straight into the A ring's slot where the
-# TMA box of the staged copy would have put them: row r at r * SUB_K * 2 bytes, 16-byte vector
-# c (= 4 h + q, the permuted order phase 1 writes) at c XOR (r % 8) (TMA's 128-byte swizzle,
-# which is what the slot's wgmma layout reads).
+# A converter warp covers INLINE_A_ROWS rows of a tile: lane 2 r + h converts half h (the words
+# of parity h, half_step_addresses) of row r of each 64-K step, and writes its 64 fp16 bytes
+# straight into the A ring's slot where the TMA box of the staged copy would have put them: row r
+# at r * SUB_K * 2 bytes, 16-byte vector c (= 4 h + q, fp4_bits.position_vector, as phase 1
+# writes it) at c XOR (r % 8) (TMA's 128-byte swizzle, which is what the slot's wgmma layout
+# reads).
 def inline_row_offsets(row: Any, k: Any) -> tuple[Any, Any]:
     """(packed A, scale) byte offsets of row `row` of a group, from the group's A and SFA
     pointers: chunk_addresses' row terms (the step terms are inline_step_offsets')."""
@@ -146,5 +147,5 @@ def inline_step_offsets(ks: Any) -> tuple[Any, Any]:
 
 
 def inline_smem_offset(r: Any, h: Any, q: Any) -> Any:
-    """Byte offset in an A slot of row r's 16-byte vector q of chunk h (0 or 1) of the step."""
+    """Byte offset in an A slot of row r's 16-byte vector q of half h (0 or 1) of the step."""
     return r * (SUB_K * 2) + (((h * 4 + q) ^ (r % 8)) * 16)
