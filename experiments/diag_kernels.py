@@ -25,7 +25,7 @@ from cutlass.tensor_utils import LayoutEnum
 from kernels import tables
 from kernels.sm90 import compile as sm90_compile
 from kernels.sm90.config import C_ROW_PAD, SUB_K
-from kernels.sm90.dequant import exchange_half_step, half_step_vectors, scales_w
+from kernels.sm90.dequant import exchange_half_step, half_step_vectors
 from kernels.sm90.epilogue import STORERS
 from kernels.sm90.fp4_bits import W_MAG_BITS, W_PAIRS, W_SIGNS, fragment_word
 from kernels.sm90.grouped_gemm import Sm90GroupedGemm
@@ -45,7 +45,7 @@ class _NoConv:
 
     @cute.jit
     def _convert_b_step(self, words, loaded) -> None:
-        both = scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
+        both = self._row_scales(loaded)
         for half in cutlass.range_constexpr(2):
             lo, hi, _ = loaded[half]
             d_lo = [lo ^ both, lo, lo, lo]
@@ -71,7 +71,7 @@ class _NoHmul:
 
     @cute.jit
     def _convert_b_step(self, words, loaded) -> None:
-        both = scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
+        both = self._row_scales(loaded)
         for half in cutlass.range_constexpr(2):
             lo, hi, _ = loaded[half]
             d_lo = _dequant_word_xor(lo, both)

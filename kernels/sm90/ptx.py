@@ -132,12 +132,6 @@ def ld_shared_v4(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32,
 
 
 @dsl_user_op
-def ld_shared_u32(addr: Any, *, loc: Any = None, ip: Any = None) -> Uint32:
-    """A 32-bit shared-memory load at a 32-bit shared address."""
-    return _asm("ld.shared.b32 $0, [$1];", "=r,r", [_ir(addr, loc, ip)], loc, ip, True)
-
-
-@dsl_user_op
 def ld_shared_v2(addr: Any, *, loc: Any = None, ip: Any = None) -> tuple[Uint32, ...]:
     """8-byte shared-memory load at a 32-bit shared address (8-byte aligned)."""
     return _ld_words("ld.shared", _ir(addr, loc, ip), "r", 2, loc, ip)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import K_TILE, SCALE_ATOM_BYTES, SUB_K
-from .fp4_bits import position_word
+from .fp4_bits import position_vector, position_word
 
 A_CHUNK_K = 32  # K elements per staging chunk: 16 packed bytes in, 64 fp16 bytes out
 
@@ -148,4 +148,4 @@ def inline_step_offsets(ks: Any) -> tuple[Any, Any]:
 
 def inline_smem_offset(r: Any, h: Any, q: Any) -> Any:
     """Byte offset in an A slot of row r's 16-byte vector q of half h (0 or 1) of the step."""
-    return r * (SUB_K * 2) + (((h * 4 + q) ^ (r % 8)) * 16)
+    return r * (SUB_K * 2) + ((position_vector(h, q) ^ (r % 8)) * 16)

@@ -54,9 +54,8 @@ class WeightFragments:
     @cute.jit
     def _convert_b_step(self, words: cute.Tensor, loaded: tuple) -> None:
         """Convert both rows' loaded words (_load_b_step) into the fragment slots: one scale
-        conversion for the two rows (half 0: row r0, half 1: row r0 + 8)."""
-        # Selector 0x0040: byte 0 of the first row's scale, then byte 0 of the second's.
-        both = scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
+        conversion for the two rows (_row_scales)."""
+        both = self._row_scales(loaded)
         for half in cutlass.range_constexpr(2):
             lo, hi, _ = loaded[half]
             d_lo = dequant_word_w(lo, both, half)
@@ -64,3 +63,9 @@ class WeightFragments:
             for q in cutlass.range_constexpr(4):
                 words[fragment_word(q, half, 0)] = d_lo[q]
                 words[fragment_word(q, half, 1)] = d_hi[q]
+
+    @staticmethod
+    def _row_scales(loaded: tuple) -> Uint32:
+        """Both rows' scale bytes (_load_b_step) as one scales_w word: half 0 row r0's, half 1
+        row r0 + 8's (selector 0x0040: byte 0 of the first, then byte 0 of the second)."""
+        return scales_w(prmt(loaded[0][2], loaded[1][2], Uint32(0x0040)))
