@@ -309,7 +309,13 @@ def test_default_shapes_yaml_declares_the_benchmark_and_test_style_sets() -> Non
         # narrower than the tiny tier's 256 columns (the next tier up; Mixtral's is its 32 x 192
         # decode tier)
         assert opts["tile_n"] < 256
-    gptoss += tiers + micro  # one arch each, as gpt-oss
+    # The one prefill-tile tier (thirty-fifth session): Mixtral down keeps 128 x 128 tiles up to
+    # 2048 rows; its catch-all set takes the 128 x 192 prefill tiles as every other layer's.
+    prefill128 = sets.pop("mixtral_down_prefill128")
+    assert (prefill128.archs, prefill128.max_m) == (("sm_90a",), 2048)
+    assert "tile_n" not in dict(prefill128.builds[0].options)  # the default, 128
+    assert dict(sets["mixtral_down"].builds[0].options)["tile_n"] == 192
+    gptoss += [*tiers, *micro, prefill128]  # one arch each, as gpt-oss
     # The masked-layout expert sets (issue 27) are Hopper-only: sm_100a has no masked kernel.
     masked = [sets.pop(n) for n in [n for n, s in sets.items()
                                     if dict(s.builds[0].options).get("masked")]]
