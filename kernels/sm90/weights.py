@@ -40,10 +40,10 @@ class WeightFragments:
         t = ct % 128
         c = t % 4
         row0 = (ct // 128) * 64 + (t // 32) * 16 + (t % 32) // 4
+        chunk, byte = thread_step_bytes(s, c)  # the same bytes of both rows
         loaded = []
         for half in cutlass.range_constexpr(2):
             row = row0 + 8 * half
-            chunk, byte = thread_step_bytes(s, c)
             lo, hi = ld_shared_v2(packed + row * PACKED_ROW_BYTES
                                   + ((chunk ^ (row % 8)) * 16) + byte)
             scale = ld_shared_u8(scale_word_offset(row, s, self.scale_blocks, scale_row0,
