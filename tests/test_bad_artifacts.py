@@ -41,6 +41,8 @@ from runtime.manifest import (
     load_manifest,
     make_manifest,
     pack_offsets,
+    parse_kernel,
+    parse_manifest,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,6 +246,35 @@ def test_kernel_entry_missing_a_field(art: Path) -> None:
     with pytest.raises(ManifestError) as info:
         runtime.load(art)
     assert str(info.value) == f"{path}.kernels[1].sha256 is missing"
+
+
+def _with_a_twin(art: Path) -> dict:
+    """The manifest with a copy of kernels[0] appended under a new key and name."""
+    obj = json.loads((art / MANIFEST_NAME).read_text())
+    twin = json.loads(json.dumps(obj["kernels"][0]))
+    twin["key"], twin["name"] = "twin" + twin["key"][4:], twin["name"] + ".twin"
+    obj["kernels"].append(twin)
+    return obj
+
+
+def test_kernels_sharing_an_abi_share_its_parse(art: Path) -> None:
+    # parse_manifest parses each distinct parameter object once (a quarter of runtime.load).
+    obj = _with_a_twin(art)
+    m = parse_manifest(obj, "m")
+    first, twin = m.kernels[0], m.kernels[-1]
+    assert twin.params == first.params == parse_kernel(obj["kernels"][-1], "k").params
+    assert all(a is b for a, b in zip(twin.params, first.params, strict=True))
+
+
+def test_a_bool_never_takes_the_parse_of_an_equal_int(art: Path) -> None:
+    # JSON's false == 0: a memo keyed by == would accept the twin's bool offset silently.
+    obj = _with_a_twin(art)
+    assert obj["kernels"][0]["params"][0]["offset"] == 0
+    obj["kernels"][-1]["params"][0]["offset"] = False
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(obj, "m")
+    n = len(obj["kernels"]) - 1
+    assert str(info.value) == f"m.kernels[{n}].params[0].offset must be int, but got bool"
 
 
 def test_cubin_path_outside_the_directory(art: Path) -> None:
