@@ -798,7 +798,8 @@ def _check_version(r: _Reader, source: str) -> int:
 
 
 def _unique(source: str, what: str, names: list[str]) -> None:
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    seen: set[str] = set()
+    dupes = sorted({n for n in names if n in seen or seen.add(n)})  # linear: 350+ set names
     if dupes:
         raise ManifestError(f"{source}: {what} must be unique, but {dupes} repeat")
 

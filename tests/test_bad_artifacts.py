@@ -277,6 +277,16 @@ def test_a_bool_never_takes_the_parse_of_an_equal_int(art: Path) -> None:
     assert str(info.value) == f"m.kernels[{n}].params[0].offset must be int, but got bool"
 
 
+def test_repeated_set_names_are_named_once(art: Path) -> None:
+    obj = json.loads((art / MANIFEST_NAME).read_text())
+    first = obj["sets"][0]
+    obj["sets"] += [dict(first), dict(first)]  # three entries of one name
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(obj, "m")
+    assert str(info.value) == (f"m: set entry names must be unique, but [{first['name']!r}] "
+                               "repeat")
+
+
 def test_cubin_path_outside_the_directory(art: Path) -> None:
     e = kernel(art)
     edit(art, e.name, cubin="../elsewhere/k.cubin")
