@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -798,8 +799,7 @@ def _check_version(r: _Reader, source: str) -> int:
 
 
 def _unique(source: str, what: str, names: list[str]) -> None:
-    seen: set[str] = set()
-    dupes = sorted({n for n in names if n in seen or seen.add(n)})  # linear: 350+ set names
+    dupes = sorted(n for n, times in Counter(names).items() if times > 1)  # linear: 350+ names
     if dupes:
         raise ManifestError(f"{source}: {what} must be unique, but {dupes} repeat")
 
