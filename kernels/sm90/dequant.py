@@ -21,7 +21,7 @@ from typing import Any
 import cutlass.cute as cute
 from cutlass import Uint32
 
-from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_EXP, W_SCALE_F16X2, W_SIGNS
+from .fp4_bits import W_MAG_BITS, W_PAIRS, W_SCALE_F16X2, W_SIGNS
 from .ptx import (
     e4m3x2_to_f16x2,
     ld_global_nc_u32,
@@ -63,8 +63,6 @@ def dequant_word_w(w: Any, scales: Any, half: int) -> list[Uint32]:
 def scales_w(two_scale_bytes: Any) -> Uint32:
     """Two e4m3 scales (low 16 bits) -> fp16x2, each times 2^W_SCALE_EXP (exact: 448 * 128 <
     65504), for dequant_word_w's `scales` (which picks one half)."""
-    if W_SCALE_EXP == 0:  # no boost: value * scale * 2^-14 is exact in fp16 (multiples of 2^-24)
-        return e4m3x2_to_f16x2(two_scale_bytes)
     return mul_f16x2(e4m3x2_to_f16x2(two_scale_bytes), Uint32(W_SCALE_F16X2))
 
 

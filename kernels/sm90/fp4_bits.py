@@ -13,20 +13,18 @@ W_PAIR_SELECTORS = (0x2404, 0x3414)  # bytes 0, 2 and bytes 1, 3 as the high byt
 # (n3, n7).
 W_PAIRS = ((0, W_PAIR_SELECTORS[0]), (1, W_PAIR_SELECTORS[0]),
            (0, W_PAIR_SELECTORS[1]), (1, W_PAIR_SELECTORS[1]))
-# The block scale enters the HMUL2 as it is (W_SCALE_EXP = 0), so a weight leaves the recipe as
-# value * scale * 2^-14 and the epilogue multiplies the fp32 accumulator by 2^14 per operand.
-# Every step is exact: value is a multiple of 2^-1 and scale of 2^-9, so value * scale * 2^-14
-# is a multiple of 2^-24 (fp16's subnormal step) with at most 6 significant bits, at most
-# 2688 * 2^-14. (Until 2026-12-07 the scale was first multiplied by 2^7, one HMUL2 more per
-# scale pair; the exponent stays a parameter so the tests check both forms' arithmetic.)
-W_SCALE_EXP = 0
+# The block scale is multiplied by 2^W_SCALE_EXP before the HMUL2 (448 * 2^7 still fits fp16),
+# so a weight leaves the recipe as value * scale * 2^(W_SCALE_EXP - 14); the epilogue multiplies
+# the fp32 accumulator by 2^(14 - W_SCALE_EXP). Every step is a power-of-two scaling of an exact
+# value: value * scale * 2^-7 lies in [2^-17, 21] with at most 6 significant bits, which fp16
+# (subnormals down to 2^-24) holds exactly.
+W_SCALE_EXP = 7
 W_UNSCALE = float(2 ** (14 - W_SCALE_EXP))
 W_SCALE_F16X2 = 0x00010001 * ((15 + W_SCALE_EXP) << 10)  # fp16 2^W_SCALE_EXP in both halves
 # Both operands (weights and activations) go through the recipe, so every product is scaled by
-# W_UNSCALE^-2 = 2^-28 and the epilogue multiplies the fp32 accumulator by ACC_UNSCALE. Products
-# lie in [2^-48, 2688^2 * 2^-28] with at most 12 significant bits: fp32 sums of them are as exact
-# as the unscaled sums (a power-of-two factor, far from fp32's subnormals at 2^-126), and so is
-# the unscaling.
+# W_UNSCALE^-2 = 2^-14 and the epilogue multiplies the fp32 accumulator by ACC_UNSCALE. Products
+# lie in [2^-34, 441] with at most 10 significant bits: fp32 sums of them are as exact as the
+# unscaled sums (a power-of-two factor, far from fp32's subnormals), and so is the unscaling.
 ACC_UNSCALE = W_UNSCALE * W_UNSCALE
 
 
