@@ -545,11 +545,7 @@ def decode_summary(rows: list[dict]) -> str:
     fp8 time does not). A layer's tier sets are timed at their own bounds and at the common
     token counts, so several rows can be the same call (the same E, N, K and rows, dispatched
     to the same kernel): each call counts once, by its first row."""
-    calls: dict[tuple, dict] = {}
-    for r in rows:
-        if r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]:
-            calls.setdefault((r["experts"], r.get("n"), r.get("k"), r["rows"]), r)
-    dec = list(calls.values())
+    dec = _distinct_calls([r for r in rows if r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]])
     if not dec:
         return f"decode-sized cases (<= {DECODE_ROWS_PER_EXPERT} rows per expert): none in this run"
     floor = sum(100 * r["fp4_floor_us"] / r["ours_us"] >= 70 for r in dec)
@@ -561,6 +557,39 @@ def decode_summary(rows: list[dict]) -> str:
             f">= 70% of the fp4-bytes floor: {floor}; >= 2.5x _grouped_mm: {bf16}; faster "
             f"than fp8 row-wise: {fp8}" + (f"; {warm} with weights partly L2-warm" if warm
                                             else ""))
+
+
+def _distinct_calls(rows: list[dict]) -> list[dict]:
+    """One row per call (the same E, N, K and rows; a layer's tier sets time the same call
+    through scaled_grouped_mm at the common token counts), the first of each."""
+    calls: dict[tuple, dict] = {}
+    for r in rows:
+        calls.setdefault((r["experts"], r.get("n"), r.get("k"), r["rows"]), r)
+    return list(calls.values())
+
+
+def compare_summary(rows: list[dict], extremes: int = 3) -> str:
+    """--compare's verdict: per part (decode-sized, prefill-sized), the geomean of ours / before
+    time over the distinct calls both timed (below 1: ours faster), its range, the calls
+    whose outputs differ, and the `extremes` calls at each end."""
+    timed = _distinct_calls([r for r in rows if "before_us" in r])
+    untimed = sum("before_us" not in r for r in rows)
+    lines = [f"A/B against --compare (time ours / before, < 1: ours faster; each call once): "
+             f"{len(timed)} calls, {untimed} case(s) the other artifacts do not serve"]
+    for part, test in (("decode-sized", True), ("prefill-sized", False)):
+        calls = [r for r in timed
+                 if (r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]) == test]
+        if not calls:
+            continue
+        ratios = sorted((r["ours_us"] / r["before_us"], r) for r in calls)
+        geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
+        differ = sum(not r.get("before_same", True) for r in calls)
+        lines.append(f"  {part}: {len(calls)} calls, geomean {geo:.3f} ({ratios[0][0]:.3f}-"
+                     f"{ratios[-1][0]:.3f}); outputs differ on {differ}")
+        ends = ratios if len(ratios) <= 2 * extremes else ratios[:extremes] + ratios[-extremes:]
+        lines += [f"    {x:.3f} {r['set']} T={r['tokens']}: ours {fmt(r['ours_us'])} us, before "
+                  f"{fmt(r['before_us'])}" for x, r in ends]
+    return "\n".join(lines)
 
 
 def list_summary(rows: list[dict]) -> str:
@@ -642,6 +671,8 @@ def main() -> int:
     print(f"\n{torch.cuda.get_device_name()}, {arch}, {args.out_dtype} out, top-{args.topk}, "
           f"reps {args.reps}\n")
     print(table(done))
+    if before is not None:
+        print(compare_summary(done))
     print(decode_summary(done))
     if listed is not None:
         print(list_summary(done))

@@ -70,6 +70,12 @@ for s in "${STEPS[@]}"; do
     # read bandwidth measured in the same run (about 70 s on the H200, 2026-12-07).
     standing) step standing 560 python bench/bench_models.py --artifacts artifacts --reps 20 \
         --tokens 64 128 256 512 --json "$LOG/standing.json" ;;
+    # A kernel change's A/B through scaled_grouped_mm: these artifacts against MODELS_BEFORE
+    # (another build), replays interleaved; each part's geomean is printed under the table.
+    # MODELS_AB_TOKENS: the token counts (64 / 512 / 4096 x 8: decode, mid and prefill tiers).
+    models_ab) step models_ab 400 python bench/bench_models.py --artifacts artifacts --reps 20 \
+        --compare "${MODELS_BEFORE:-.artifacts_before}" --tokens ${MODELS_AB_TOKENS:-64 512 4096} \
+        --json "$LOG/models_ab.json" ;;
     activations_bench) step activations_bench 300 python bench/bench_activations.py --reps 30 \
         --compiled --artifacts artifacts --json "$LOG/activations.json" ;;
     # torch.compile default / reduce-overhead, compat, host us with new routing per call.

@@ -338,3 +338,31 @@ def test_the_decode_summary_counts_a_call_timed_through_several_tier_sets_once()
     assert bm.decode_summary(rows) == (
         "decode-sized cases (<= 32 rows per expert): 3 distinct calls; >= 70% of the fp4-bytes "
         "floor: 2; >= 2.5x _grouped_mm: 2; faster than fp8 row-wise: 2")
+
+
+def test_the_compare_summary_gives_each_parts_geomean_range_and_differing_calls() -> None:
+    def row(set_name, experts, rows, ours, before=None, same=True, tokens=1):
+        r = {"set": set_name, "experts": experts, "n": 4096, "k": 2048, "rows": rows,
+             "tokens": tokens, "ours_us": ours}
+        if before is not None:
+            r.update(before_us=before, before_same=same)
+        return r
+
+    rows = [row("a", 8, 8, 90.0, 100.0, tokens=1),       # decode: 0.9
+            row("a_tiny", 8, 8, 50.0, 10.0, tokens=1),   # the same call again: not counted
+            row("a", 8, 256, 40.0, 10.0, tokens=32),     # decode (32 per expert): 4.0
+            row("a", 8, 264, 120.0, 100.0, False, 33),   # prefill: 1.2, outputs differ
+            row("b", 8, 8, 10.0)]                        # not served by the other artifacts
+    assert bm.compare_summary(rows, extremes=1) == "\n".join([
+        "A/B against --compare (time ours / before, < 1: ours faster; each call once): 3 calls, "
+        "1 case(s) the other artifacts do not serve",
+        "  decode-sized: 2 calls, geomean 1.897 (0.900-4.000); outputs differ on 0",
+        "    0.900 a T=1: ours 90.0 us, before 100.0",
+        "    4.000 a T=32: ours 40.0 us, before 10.0",
+        "  prefill-sized: 1 calls, geomean 1.200 (1.200-1.200); outputs differ on 1",
+        "    1.200 a T=33: ours 120.0 us, before 100.0"])
+    # More calls than 2 * extremes: only the ends are listed.
+    many = [row("c", 8, 8 * i, 10.0 * i, 10.0, tokens=i) for i in (1, 2, 3, 4)]
+    lines = bm.compare_summary(many, extremes=1).splitlines()
+    assert lines[1] == "  decode-sized: 4 calls, geomean 2.213 (1.000-4.000); outputs differ on 0"
+    assert [x.split()[0] for x in lines[2:]] == ["1.000", "4.000"]
