@@ -581,7 +581,7 @@ def compare_summary(rows: list[dict], extremes: int = 3) -> str:
                  if (r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]) == test]
         if not calls:
             continue
-        ratios = sorted((r["ours_us"] / r["before_us"], r) for r in calls)
+        ratios = sorted(((r["ours_us"] / r["before_us"], r) for r in calls), key=lambda x: x[0])
         geo = math.exp(sum(math.log(x) for x, _ in ratios) / len(ratios))
         differ = sum(not r.get("before_same", True) for r in calls)
         lines.append(f"  {part}: {len(calls)} calls, geomean {geo:.3f} ({ratios[0][0]:.3f}-"

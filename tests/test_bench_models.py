@@ -366,3 +366,7 @@ def test_the_compare_summary_gives_each_parts_geomean_range_and_differing_calls(
     lines = bm.compare_summary(many, extremes=1).splitlines()
     assert lines[1] == "  decode-sized: 4 calls, geomean 2.213 (1.000-4.000); outputs differ on 0"
     assert [x.split()[0] for x in lines[2:]] == ["1.000", "4.000"]
+    # Equal ratios keep their order (rows are dicts: they must never be compared).
+    ties = [row("d", 8, 8 * i, 10.0, 10.0, tokens=i) for i in (1, 2)]
+    assert bm.compare_summary(ties).splitlines()[2:] == [
+        "    1.000 d T=1: ours 10.0 us, before 10.0", "    1.000 d T=2: ours 10.0 us, before 10.0"]
