@@ -539,13 +539,17 @@ def table(rows: list[dict]) -> str:
 DECODE_ROWS_PER_EXPERT = 32
 
 
+def _decode_sized(r: dict) -> bool:
+    return r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]
+
+
 def decode_summary(rows: list[dict]) -> str:
     """Issue 27's done-when over this run's decode-sized calls: how many reach 70% of the
     fp4-bytes floor, 2.5x torch._grouped_mm bf16, and beat fp8 row-wise (a call without an
     fp8 time does not). A layer's tier sets are timed at their own bounds and at the common
     token counts, so several rows can be the same call (the same E, N, K and rows, dispatched
     to the same kernel): each call counts once, by its first row."""
-    dec = _distinct_calls([r for r in rows if r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]])
+    dec = _distinct_calls([r for r in rows if _decode_sized(r)])
     if not dec:
         return f"decode-sized cases (<= {DECODE_ROWS_PER_EXPERT} rows per expert): none in this run"
     floor = sum(100 * r["fp4_floor_us"] / r["ours_us"] >= 70 for r in dec)
@@ -577,8 +581,7 @@ def compare_summary(rows: list[dict], extremes: int = 3) -> str:
     lines = [f"A/B against --compare (time ours / before, < 1: ours faster; each call once): "
              f"{len(timed)} calls, {untimed} case(s) the other artifacts do not serve"]
     for part, test in (("decode-sized", True), ("prefill-sized", False)):
-        calls = [r for r in timed
-                 if (r["rows"] <= DECODE_ROWS_PER_EXPERT * r["experts"]) == test]
+        calls = [r for r in timed if _decode_sized(r) == test]
         if not calls:
             continue
         ratios = sorted(((r["ours_us"] / r["before_us"], r) for r in calls), key=lambda x: x[0])
