@@ -4,6 +4,7 @@
 # limit, so a hang costs one step; a one-line verdict per step is printed last.
 #
 #   bash scripts/gpu_all.sh [STEP...]      # default: all steps below
+#   GPU_REQUIRE=H200 bash scripts/gpu_all.sh ...   # exit 3 at once on any other card
 #
 # Logs go to $OUT (the device tool's output folder) or ./gpu_logs.
 set -u
@@ -11,9 +12,18 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 LOG="${OUT:-gpu_logs}"
 mkdir -p "$LOG"
+# A call for an H200 may be given an H100 (tool library, device README); H200-only figures
+# (issue 27's standing, the step-rate A/Bs) must not be taken on it by mistake.
+CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+echo "card: ${CARD:-none}; $(date -u)"
+if [ -n "${GPU_REQUIRE:-}" ] && [[ "$CARD" != *"$GPU_REQUIRE"* ]]; then
+    echo "GPU_REQUIRE=$GPU_REQUIRE but the card is ${CARD:-none}: nothing run"
+    exit 3
+fi
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(pytest dynamic sanitize cold host package moe_ep)
 declare -A VERDICT
+RAN=()  # step names in the order they ran (a step such as diag_step runs several)
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 secs=$2
@@ -21,6 +31,7 @@ step() {  # step NAME SECONDS COMMAND...
     local t0=$SECONDS
     timeout "$secs" "$@" >"$LOG/$name.log" 2>&1
     local rc=$?
+    RAN+=("$name")
     VERDICT[$name]="rc=$rc in $((SECONDS - t0)) s: $(tail -n 1 "$LOG/$name.log" | cut -c1-150)"
 }
 
@@ -92,6 +103,19 @@ for s in "${STEPS[@]}"; do
         --only ep_e8_down.sm_90a.acc1.f16 --only qwen3_235b_down_e16.sm_90a.acc1.bf16 \
         --only gptoss_gateup.sm_90a.acc1.bf16 --only gptoss_down.sm_90a.acc1.f16 \
         --t 64 --t 512 --t 4096 ;;
+    # What the long-K decode step spends (issue 27): DeepSeek-V3 E256 gate-up's tiny tier and
+    # its diagnostic builds (build each first: python experiments/diag_build.py V --spec
+    # experiments/diag_decode_long.yaml --out .artifacts_dg_V, V in DIAG_VARIANTS). L2-warm
+    # (--copies 1): 2 experts' weights (33 MB) at 16 / 32 rows, so 32 / 64 SMs each run one or
+    # two 112-step tiles from L2 and the time is the per-SM step rate on any Hopper (0x0: the
+    # call without tiles); then bench_models' 64 x 8 routing from DRAM.
+    diag_step) for v in base ${DIAG_VARIANTS:-noconv nomma nohmul wait0}; do
+        d=.artifacts_dg_$v; [ "$v" = base ] && d=artifacts
+        step "diag_$v" 90 bash -c "python experiments/decode_bound.py --artifacts $d \
+            --only dsv3_gateup_e256_tiny --copies 1 --hit 0x0 2x16 2x32 --hit-only --reps 30 &&
+            python experiments/decode_bound.py --artifacts $d --only dsv3_gateup_e256_tiny \
+            --route 64 --hit-only --reps 20"
+    done ;;
     # What bounds decode (issue 27): fixed cost and per-tile cost of the decode kernels.
     bound) step bound 200 python experiments/decode_bound.py --artifacts artifacts --reps 30 ;;
     # Nsight Compute on two decode calls (experiments/ncu.sh writes under $LOG).
@@ -102,6 +126,6 @@ for s in "${STEPS[@]}"; do
     *) echo "unknown step $s" ;;
     esac
 done
-for s in "${STEPS[@]}"; do
-    echo "== $s: ${VERDICT[$s]:-not run}"
+for s in "${RAN[@]}"; do
+    echo "== $s: ${VERDICT[$s]}"
 done
