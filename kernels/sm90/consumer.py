@@ -114,17 +114,9 @@ class TileConsumer:
         already released (the caller rebinds them, as _produce_b's)."""
         packed_b, scale_b, words_w = mma.packed_b, mma.scale_b, mma.words_w
         b_pipe, a_pipe = mma.b_pipe, mma.a_pipe
-        # Every stage is SUB_STEPS steps, and the ring starts at slot 0, so with a_slots a
-        # multiple of SUB_STEPS each stage's A steps are the slots base .. base + 3 of one
-        # phase: the ring's index and phase advance once per stage instead of once per step
-        # (the per-step wrap test, phase flip and barrier address: about 8 of a step's 98
-        # instructions per warp, thirty-ninth session).
-        by_stage = cutlass.const_expr(self.config.a_slots % SUB_STEPS == 0)
         mma.acc.fill(0.0)
         mma.tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         for kt in cutlass.range(kb, ke, unroll=1):
-            a_base = a_state.index
-            a_phase = a_state.phase
             b_pipe.consumer_wait(b_state)
             stage = b_state.index
             stage_b = packed_b + stage * (self.tile_n * PACKED_ROW_BYTES)
@@ -150,13 +142,9 @@ class TileConsumer:
                     # (docs/lab_notebook.md, twenty-second session).
                     cute.arch.fence_view_async_shared()
                     b_pipe.consumer_release(b_state)
-                if cutlass.const_expr(by_stage):
-                    slot = a_base + s
-                    a_pipe.sync_object_full.wait(slot, a_phase)
-                else:
-                    a_pipe.consumer_wait(a_state)
-                    slot = a_state.index
+                a_pipe.consumer_wait(a_state)
                 self._stamp_step(trace, kt, s, 1)
+                slot = a_state.index
                 warpgroup.fence()
                 self._step_mma(mma, s, slot)
                 warpgroup.commit_group()
@@ -171,10 +159,7 @@ class TileConsumer:
                     if kt > kb:
                         a_pipe.consumer_release(_Slot(prev_slot))
                 prev_slot = slot
-                if cutlass.const_expr(not by_stage):
-                    a_state.advance()
-            if cutlass.const_expr(by_stage):
-                a_state.advance(SUB_STEPS)
+                a_state.advance()
             b_state.advance()
         warpgroup.wait_group(0)
         a_pipe.consumer_release(_Slot(prev_slot))
