@@ -123,7 +123,7 @@ for s in "${STEPS[@]}"; do
         do OUT=$LOG bash experiments/ncu.sh serving:\$s artifacts; done" ;;
     # Branch inline-no-a-workspace (3a3557d): see experiments/noa_check.sh.
     noa) step noa 300 bash experiments/noa_check.sh .artifacts_noa ;;
-    *) echo "unknown step $s" ;;
+    *) echo "unknown step $s"; RAN+=("$s"); VERDICT[$s]="unknown step: not run" ;;
     esac
 done
 for s in "${RAN[@]}"; do
